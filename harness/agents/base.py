@@ -1,0 +1,59 @@
+"""The researcher protocol: propose(task) -> Proposal.
+
+A researcher edits the worktree (CLI agents in place; the API agent applies the edits it
+gets back) and returns a one-line description plus its token usage. It never commits,
+trains or judges: the step does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Task:
+    worktree: Path  # checked out at the parent commit
+    prompt: str  # the rendered program, bounded in size
+    editable: tuple[str, ...]
+    timeout_s: float  # hard limit for this invocation
+    log_path: Path  # the invocation's whole output goes here
+    iteration: int
+    seed: int
+    tried: frozenset[str] = frozenset()  # content hashes of editable files already evaluated
+
+
+@dataclass
+class Usage:
+    input_tokens: int = 0  # including cached input tokens
+    cached_tokens: int = 0
+    output_tokens: int = 0  # reasoning tokens included
+    cost_usd: float | None = None  # only when the backend reports it
+
+    def __add__(self, other: "Usage") -> "Usage":
+        cost = None
+        if self.cost_usd is not None or other.cost_usd is not None:
+            cost = (self.cost_usd or 0.0) + (other.cost_usd or 0.0)
+        return Usage(self.input_tokens + other.input_tokens,
+                     self.cached_tokens + other.cached_tokens,
+                     self.output_tokens + other.output_tokens, cost)
+
+
+@dataclass
+class Proposal:
+    description: str
+    usage: Usage = field(default_factory=Usage)
+    agent_s: float = 0.0  # s of wall time for the invocation
+    retries: int = 0
+    error: str | None = None  # the invocation failed; the step records it as a crash
+
+
+class Researcher(Protocol):
+    name: str
+    model: str | None
+
+    def propose(self, task: Task) -> Proposal: ...
+
+    def describe(self) -> dict[str, Any]:
+        """Settings for the run manifest (never a key)."""
+        ...

@@ -1,0 +1,153 @@
+"""The `harness` command: a thin layer that parses options and calls the library."""
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from . import __version__, loop, status as status_mod
+from .config import resolve
+from .errors import HarnessError
+from .initrepo import init_example, init_repo
+
+err = Console(stderr=True, highlight=False)
+
+
+def friendly(fn):
+    """Typed library errors become one clear message and exit code 1."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except HarnessError as e:
+            raise click.ClickException(str(e)) from None
+    return wrapper
+
+
+def run_options(fn):
+    """Options shared by `run` and `step`."""
+    opts = [
+        click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=".",
+                     show_default=True, help="The research repo (a git repo with train.py)."),
+        click.option("--tag", default=None, help="Run name; branch autoresearch/<tag>. Default: today's date."),
+        click.option("--agent", default=None, help="Researcher backend: mutate (offline), openai, codex, claude, cmd:TEMPLATE."),
+        click.option("--model", default=None, help="Researcher model or alias (see models.toml)."),
+        click.option("--time-budget", type=float, default=None, help="Seconds of training per experiment."),
+        click.option("--kill-after", type=float, default=None, help="Hard deadline per training job, seconds."),
+        click.option("--max-steps", type=int, default=None, help="Stop each training job after N steps (HARNESS_MAX_STEPS)."),
+        click.option("--agent-timeout", type=float, default=None, help="Hard limit per researcher call, seconds."),
+        click.option("--keep-ties/--no-keep-ties", default=None, help="Keep a candidate that equals the best."),
+        click.option("--from", "from_rev", default=None, help="Start the run from this commit (default HEAD)."),
+        click.option("--seed", type=int, default=None, help="Seed for training and the mutate researcher."),
+        click.option("--max-tokens", type=int, default=None, help="Stop before the run's tokens would pass N."),
+        click.option("--max-cost", type=float, default=None, help="Stop before the run's cost would pass USD."),
+        click.option("--resume", is_flag=True, help="Continue the run with this tag."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def build_config(repo: Path, tag: str | None, **flags: Any):
+    tag = tag or time.strftime("%b%d").lower()
+    return resolve(repo, tag, flags)
+
+
+def show_progress(event: str, data: dict[str, Any]) -> None:
+    if event == "baseline":
+        err.print(f"[bold]baseline[/] training commit {data['commit'][:12]} ...")
+    elif event == "start":
+        err.print(f"best so far {data['best']:.6f} after iteration {data['iteration']}")
+    elif event == "iteration":
+        err.print(f"[dim]iteration {data['iteration']} (elapsed {data['elapsed_s']:.0f}s): researcher ...[/]")
+    elif event == "row":
+        row = data["row"]
+        color = {"keep": "green", "discard": "yellow"}.get(row.status, "red")
+        metric = "-" if row.metric is None else f"{row.metric:.6f}"
+        eta = f", {data['eta_s'] / 60:.0f} min left" if data.get("eta_s") is not None else ""
+        err.print(f"  [{color}]{row.status:8}[/] {metric}  best {data['best']:.6f}  "
+                  f"{row.description[:80]}  ({row.wall_s:.0f}s{eta})")
+
+
+def print_summary(summary: loop.Summary) -> None:
+    base, best = summary.baseline_value, summary.best_value
+    gain = "" if base is None or best is None else f" ({best - base:+.6f} vs baseline {base:.6f})"
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())) or "none"
+    cost = "unknown (no price for this model)" if summary.cost_usd is None else f"${summary.cost_usd:.4f}"
+    err.print(f"\n[bold]{summary.stopped}[/]")
+    err.print(f"best {best if best is None else f'{best:.6f}'}{gain} at {summary.best_commit} "
+              f"on branch {summary.branch}")
+    err.print(f"{summary.iterations} experiments: {counts}; keep rate {summary.keep_rate:.0%}")
+    err.print(f"tokens in {summary.input_tokens}, out {summary.output_tokens}; cost {cost}")
+
+
+@click.group()
+@click.version_option(__version__, prog_name="harness")
+def main() -> None:
+    """An unattended overnight autoresearch loop: one fresh researcher per iteration, the harness judges."""
+
+
+@main.command()
+@run_options
+@click.option("--hours", type=float, default=None, help="Stop starting iterations after this many hours.")
+@click.option("--iterations", type=int, default=None, help="Stop after N iterations (the baseline not counted).")
+@friendly
+def run(repo, tag, resume, hours, iterations, **flags):
+    """Run the autoresearch loop until --hours, --iterations, a budget cap, or Ctrl-C."""
+    cfg = build_config(repo, tag, hours=hours, iterations=iterations, **flags)
+    summary = loop.run(cfg, resume=resume, progress=show_progress)
+    print_summary(summary)
+
+
+@main.command()
+@run_options
+@friendly
+def step(repo, tag, resume, **flags):
+    """Run exactly one iteration (setting the run up first if needed), then exit."""
+    cfg = build_config(repo, tag, **flags)
+    exists = cfg.run_dir.joinpath("results.tsv").exists()
+    summary = loop.run(cfg, resume=resume or exists, progress=show_progress, max_steps=1)
+    print_summary(summary)
+
+
+@main.command()
+@click.argument("tag", required=False)
+@click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=".", show_default=True)
+@click.option("--watch", is_flag=True, help="Refresh every few seconds until Ctrl-C.")
+@click.option("--interval", type=float, default=5.0, show_default=True, help="Seconds between refreshes.")
+@friendly
+def status(tag, repo, watch, interval):
+    """Print a run's summary from its ledger (default: the latest run)."""
+    ledger_path = status_mod.find_ledger(repo, tag)
+    if not watch:
+        click.echo(status_mod.render_text(ledger_path))
+        return
+    from rich.live import Live
+    from rich.text import Text
+    console = Console()
+    try:
+        with Live(Text(status_mod.render_text(ledger_path)), console=console, auto_refresh=False) as live:
+            while True:
+                time.sleep(interval)
+                live.update(Text(status_mod.render_text(ledger_path)), refresh=True)
+    except KeyboardInterrupt:
+        pass
+
+
+@main.command()
+@click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=".", show_default=True)
+@click.option("--example", type=click.Path(path_type=Path), default=None,
+              help="Create DIR as a ready research repo with the bundled workload.")
+@friendly
+def init(repo, example):
+    """Make a repo with a train.py ready for `harness run` (or create one with --example DIR)."""
+    if example is not None:
+        path = init_example(example)
+        err.print(f"created {path} with the bundled workload. Next: cd {path} && harness run --agent mutate --iterations 5 --time-budget 10")
+        return
+    for line in init_repo(repo):
+        err.print(line)

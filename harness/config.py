@@ -1,0 +1,197 @@
+"""Run configuration: CLI flags > [tool.harness] in the research repo > defaults.
+
+Resolved once into a frozen RunConfig; everything downstream reads only that object.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+# ---------------------------------------------------------------------------
+# Workload settings: these may come from pyproject.toml [tool.harness] or harness.toml.
+
+WORKLOAD_DEFAULTS: dict[str, Any] = {
+    "editable": ["train.py"],
+    "protected": ["prepare.py"],
+    "train_command": "python train.py",
+    "metric": "val_bpb",
+    "direction": "minimize",
+    "time_budget": 300,  # s of training per experiment
+    "kill_after": None,  # s, hard deadline; None = 2 * time_budget + 120
+    "program": "program.md",
+    "max_steps": None,  # HARNESS_MAX_STEPS for the job: step-bounded, bit-identical runs
+    "history_rows": 10,  # ledger rows shown to the researcher
+    "agent": "mutate",
+    "model": None,
+    "agent_timeout": 1800,  # s, one researcher invocation
+    "stall_after": 20,  # min without training output before the job is killed
+    "keep_ties": False,
+    "seed": 42,
+}
+
+TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+def _check_value(key: str, value: Any) -> Any:
+    """Validate one setting; return it normalised or raise ConfigError saying how to fix it."""
+    def want(cond: bool, what: str) -> None:
+        if not cond:
+            raise ConfigError(f"config key {key!r} must be {what}, got {value!r}")
+
+    if key in ("editable", "protected"):
+        want(isinstance(value, list) and all(isinstance(v, str) and v for v in value),
+             "a list of file paths relative to the repo root")
+        want(all(not Path(v).is_absolute() and ".." not in Path(v).parts for v in value),
+             "paths inside the repo (relative, no '..')")
+        if key == "editable":
+            want(len(value) > 0, "a non-empty list")
+        return list(value)
+    if key in ("train_command", "metric", "program", "agent"):
+        want(isinstance(value, str) and value.strip() != "", "a non-empty string")
+        return value
+    if key == "model":
+        want(value is None or isinstance(value, str), "a model name")
+        return value
+    if key == "direction":
+        want(value in ("minimize", "maximize"), "'minimize' or 'maximize'")
+        return value
+    if key in ("time_budget", "kill_after", "agent_timeout", "stall_after"):
+        if key == "kill_after" and value is None:
+            return None
+        want(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
+             "a positive number of seconds" if key != "stall_after" else "a positive number of minutes")
+        return float(value)
+    if key in ("max_steps", "history_rows", "seed"):
+        if key == "max_steps" and value is None:
+            return None
+        want(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+             "a non-negative integer")
+        return value
+    if key == "keep_ties":
+        want(isinstance(value, bool), "true or false")
+        return value
+    raise ConfigError(f"unknown config key {key!r}; known keys: {', '.join(sorted(WORKLOAD_DEFAULTS))}")
+
+
+def read_repo_settings(repo: Path) -> tuple[dict[str, Any], Path | None]:
+    """The [tool.harness] table of repo/pyproject.toml, or the whole of repo/harness.toml."""
+    harness_toml = repo / "harness.toml"
+    pyproject = repo / "pyproject.toml"
+    for path, table in ((harness_toml, None), (pyproject, ("tool", "harness"))):
+        if not path.exists():
+            continue
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path} is not valid TOML: {e}. Fix the file and try again.") from e
+        if table:
+            for part in table:
+                data = data.get(part, {}) if isinstance(data, dict) else {}
+            if not data:
+                continue
+        if "tool" in data and table is None and isinstance(data.get("tool"), dict):
+            data = data["tool"].get("harness", data)
+        return dict(data), path
+    return {}, None
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    repo: Path
+    tag: str
+    editable: tuple[str, ...]
+    protected: tuple[str, ...]
+    train_command: str
+    metric: str
+    direction: str
+    time_budget: float  # s
+    kill_after: float  # s
+    program: str
+    max_steps: int | None
+    history_rows: int
+    agent: str
+    model: str | None
+    agent_timeout: float  # s
+    stall_after: float  # min
+    keep_ties: bool
+    seed: int
+    hours: float | None = None
+    iterations: int | None = None
+    from_rev: str = "HEAD"
+    max_tokens: int | None = None
+    max_cost: float | None = None  # USD
+    agent_options: dict[str, Any] = field(default_factory=dict)
+    config_file: str | None = None
+
+    @property
+    def branch(self) -> str:
+        return f"autoresearch/{self.tag}"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.repo / "runs" / self.tag
+
+    @property
+    def worktree(self) -> Path:
+        return self.run_dir / "worktree"
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.run_dir / "results.tsv"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.run_dir / "logs"
+
+    def better(self, value: float, best: float) -> bool:
+        """Is value an improvement on best under this run's direction and tie rule?"""
+        if self.direction == "maximize":
+            value, best = -value, -best
+        return value <= best if self.keep_ties else value < best
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["repo"] = str(self.repo)
+        return out
+
+
+def resolve(repo: Path, tag: str, overrides: dict[str, Any]) -> RunConfig:
+    """Merge defaults, the repo's settings file and CLI overrides (None = not given)."""
+    repo = Path(repo).resolve()
+    if not TAG_RE.match(tag):
+        raise ConfigError(f"tag {tag!r} must be letters, digits, '.', '_' or '-' (at most 63)")
+    file_settings, path = read_repo_settings(repo)
+    merged = dict(WORKLOAD_DEFAULTS)
+    for key, value in file_settings.items():
+        try:
+            merged[key] = _check_value(key, value)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from e
+    run_only = {"hours", "iterations", "from_rev", "max_tokens", "max_cost", "agent_options"}
+    extra: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key in run_only:
+            extra[key] = value
+        else:
+            merged[key] = _check_value(key, value)
+    if merged["kill_after"] is None:
+        merged["kill_after"] = 2 * merged["time_budget"] + 120
+    for key in ("editable", "protected"):
+        merged[key] = tuple(merged[key])
+    overlap = set(merged["editable"]) & set(merged["protected"])
+    if overlap:
+        raise ConfigError(f"files cannot be both editable and protected: {sorted(overlap)}")
+    return RunConfig(repo=repo, tag=tag, config_file=str(path) if path else None, **merged, **extra)

@@ -1,0 +1,17 @@
+"""Typed errors of the library; the CLI turns them into messages that say how to fix things."""
+
+
+class HarnessError(Exception):
+    """Base class: the message is written for the user and says what to do."""
+
+
+class ConfigError(HarnessError):
+    """A bad setting in the CLI flags or the research repo's config file."""
+
+
+class RepoError(HarnessError):
+    """The research repo is not in a state a run can start or resume from."""
+
+
+class AgentError(HarnessError):
+    """A researcher could not be created (unknown backend, missing executable or key)."""

@@ -1,0 +1,166 @@
+"""All git work goes through GitGate: a handful of verbs with explicit results.
+
+The harness owns the run's worktree and branch; the user's checkout is never modified.
+Only commits the harness made are ever reset.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+from .errors import RepoError
+
+HARNESS_NAME = "autoresearch-harness"
+HARNESS_EMAIL = "harness@localhost"
+EXCLUDES = ("/runs/", "/results.tsv")  # written into .git/info/exclude, never into .gitignore
+
+
+@dataclass(frozen=True)
+class Change:
+    status: str  # porcelain XY code, "??" = untracked
+    path: str
+
+
+def sha256_file(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def content_hash(root: Path, paths: tuple[str, ...]) -> str:
+    """One hash over the named files' contents: identical code hashes identically."""
+    h = hashlib.sha256()
+    for rel in sorted(paths):
+        h.update(rel.encode() + b"\0" + (sha256_file(root / rel) or "missing").encode() + b"\0")
+    return h.hexdigest()
+
+
+class GitGate:
+    def __init__(self, repo: Path):
+        try:
+            self.repo = git.Repo(repo, search_parent_directories=False)
+        except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+            raise RepoError(f"{repo} is not a git repository. Run `git init && git add -A && "
+                            f"git commit -m init` there first, or pass --repo DIR.") from None
+        if self.repo.bare:
+            raise RepoError(f"{repo} is a bare repository; point --repo at a checkout.")
+        self.root = Path(self.repo.working_tree_dir).resolve()
+
+    # --- checks on the user's checkout -------------------------------------------------
+
+    def require_commit(self, rev: str) -> str:
+        try:
+            return self.repo.git.rev_parse("--verify", f"{rev}^{{commit}}")
+        except git.GitCommandError:
+            raise RepoError(f"'{rev}' is not a commit in {self.root}. Commit your files first "
+                            f"(git add -A && git commit) or pass --from REV.") from None
+
+    def dirty_files(self, paths: tuple[str, ...]) -> list[str]:
+        """Which of paths have uncommitted changes (staged, unstaged or untracked)?"""
+        out = self.repo.git.status("--porcelain", "--untracked-files=all", "--", *paths)
+        return [line[3:] for line in out.splitlines() if line.strip()]
+
+    def tracked_at(self, rev: str, path: str) -> bool:
+        try:
+            self.repo.git.cat_file("-e", f"{rev}:{path}")
+            return True
+        except git.GitCommandError:
+            return False
+
+    def branch_exists(self, branch: str) -> bool:
+        return any(h.name == branch for h in self.repo.heads)
+
+    def ensure_excluded(self) -> None:
+        """Keep the harness's run folders out of `git status` without touching .gitignore."""
+        exclude = Path(self.repo.git_dir) / "info" / "exclude"
+        exclude.parent.mkdir(parents=True, exist_ok=True)
+        text = exclude.read_text() if exclude.exists() else ""
+        missing = [e for e in EXCLUDES if e not in text.split("\n")]
+        if missing:
+            exclude.write_text(text + ("" if text.endswith("\n") or not text else "\n")
+                               + "\n".join(missing) + "\n")
+
+    # --- the run's worktree -------------------------------------------------------------
+
+    def create_worktree(self, path: Path, branch: str, from_rev: str) -> str:
+        base = self.require_commit(from_rev)
+        self.prune()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.repo.git.worktree("add", "-b", branch, str(path), base)
+        return base
+
+    def attach_worktree(self, path: Path, branch: str) -> None:
+        """For --resume: make sure the worktree exists and is on the run branch."""
+        self.prune()
+        if not (path / ".git").exists():
+            self.repo.git.worktree("add", "--force", str(path), branch)
+
+    def prune(self) -> None:
+        self.repo.git.worktree("prune")
+
+    def worktree(self, path: Path) -> "Worktree":
+        return Worktree(path)
+
+
+class Worktree:
+    """Verbs on the run's worktree: what changed, commit, reset."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.repo = git.Repo(self.path)
+        self._clear_stale_lock()
+
+    def _clear_stale_lock(self) -> None:
+        lock = Path(self.repo.git_dir) / "index.lock"
+        if lock.exists():
+            lock.unlink()  # only the harness runs git here, and it is not running now
+
+    def head(self) -> str:
+        return self.repo.head.commit.hexsha
+
+    def resolve(self, rev: str) -> str:
+        return self.repo.git.rev_parse("--verify", f"{rev}^{{commit}}")
+
+    def changes(self) -> list[Change]:
+        out = self.repo.git.status("--porcelain", "--untracked-files=all", "--ignored=no")
+        changes = []
+        for line in out.splitlines():
+            if not line.strip():
+                continue
+            code, rest = line[:2], line[3:]
+            if " -> " in rest:  # rename: both sides changed
+                old, new = rest.split(" -> ", 1)
+                changes += [Change(code, old.strip('"')), Change(code, new.strip('"'))]
+            else:
+                changes.append(Change(code, rest.strip('"')))
+        return changes
+
+    def reset_hard(self, commit: str) -> None:
+        """Back to commit exactly: tracked files reset, untracked files removed."""
+        self.repo.git.reset("--hard", commit)
+        self.repo.git.clean("-fd", "-q")
+
+    def commit(self, paths: tuple[str, ...], message: str) -> str:
+        self.repo.git.add("--", *paths)
+        args = ["-c", f"user.name={self._identity('name', HARNESS_NAME)}",
+                "-c", f"user.email={self._identity('email', HARNESS_EMAIL)}"]
+        self.repo.git.execute(["git", *args, "commit", "-q", "--no-verify", "-m", message])
+        return self.head()
+
+    def _identity(self, key: str, default: str) -> str:
+        try:
+            return self.repo.git.config(f"user.{key}") or default
+        except git.GitCommandError:
+            return default
+
+    def log(self, base: str) -> list[str]:
+        """Commits on the branch after base, oldest first."""
+        out = self.repo.git.rev_list("--reverse", f"{base}..HEAD")
+        return out.split()
+
+    def show(self, commit: str, path: str) -> str:
+        return self.repo.git.show(f"{commit}:{path}")

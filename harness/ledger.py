@@ -1,0 +1,171 @@
+"""results.tsv: one schema everywhere, append-only, one row per evaluated candidate.
+
+The first five columns are karpathy/autoresearch's (commit, <metric>, memory_gb, status,
+description); ours follow. Readers accept any prefix of the schema, a five-column file included.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STATUSES = ("keep", "discard", "crash", "timeout", "invalid", "skip", "budget")
+
+# Columns after the metric column, in order. The schema only ever grows at the end.
+TAIL_COLUMNS = (
+    "memory_gb", "status", "description",
+    "iteration", "arm", "agent", "model", "parent", "best_before", "delta", "started_at",
+    "agent_s", "train_s", "wall_s", "input_tokens", "cached_tokens", "output_tokens",
+    "cost_usd", "retries", "log",
+)
+NUMERIC = {"memory_gb", "iteration", "best_before", "delta", "agent_s", "train_s", "wall_s",
+           "input_tokens", "cached_tokens", "output_tokens", "cost_usd", "retries"}
+
+
+def columns(metric: str) -> list[str]:
+    return ["commit", metric, *TAIL_COLUMNS]
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """Descriptions are one line: tabs and newlines become spaces, long text is cut."""
+    flat = " ".join(str(text).replace("\t", " ").split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+@dataclass
+class Row:
+    commit: str
+    metric: float | None
+    status: str
+    description: str
+    iteration: int
+    memory_gb: float | None = None
+    arm: str = ""
+    agent: str = ""
+    model: str = ""
+    parent: str = ""
+    best_before: float | None = None
+    delta: float | None = None
+    started_at: str = ""
+    agent_s: float | None = None
+    train_s: float | None = None
+    wall_s: float | None = None
+    input_tokens: int | None = None
+    cached_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: float | None = None
+    retries: int | None = None
+    log: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status {self.status!r} is not one of {STATUSES}")
+
+    def cells(self) -> list[str]:
+        # The first five columns look like karpathy/autoresearch's: 0.997900, 44.0.
+        head = [self.commit[:12], "" if self.metric is None else f"{self.metric:.6f}",
+                "" if self.memory_gb is None else f"{self.memory_gb:.1f}", self.status, self.description]
+        return [_fmt(v) for v in head + [getattr(self, c) for c in TAIL_COLUMNS[3:]]]
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return ""
+        return f"{value:.6f}".rstrip("0").rstrip(".") if abs(value) < 1e6 else f"{value:.6g}"
+    return one_line(str(value), limit=10_000)
+
+
+def append(path: Path, metric: str, row: Row) -> None:
+    """Append one row (writing the header first for a new file), flushed and fsynced."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists() or path.stat().st_size == 0
+    buf = io.StringIO()
+    writer = csv.writer(buf, delimiter="\t", lineterminator="\n", quoting=csv.QUOTE_NONE,
+                        escapechar=None, quotechar=None)
+    if new:
+        writer.writerow(columns(metric))
+    writer.writerow(row.cells())
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(buf.getvalue())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """Rows as dicts with numeric columns parsed (None where empty or absent).
+
+    A torn last line (no trailing newline after a crash mid-write) is ignored.
+    """
+    if not Path(path).exists():
+        return []
+    text = Path(path).read_text(encoding="utf-8")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    elif lines:
+        lines.pop()  # torn last line: never completed
+    if not lines:
+        return []
+    header = lines[0].split("\t")
+    metric = header[1] if len(header) > 1 else "metric"
+    out = []
+    for line in lines[1:]:
+        if not line.strip():
+            continue
+        cells = line.split("\t")
+        rec: dict[str, Any] = {}
+        for i, name in enumerate(header):
+            raw = cells[i] if i < len(cells) else ""
+            key = "metric" if name == metric and i == 1 else name
+            rec[key] = _parse(key, raw)
+        rec.setdefault("metric", None)
+        out.append(rec)
+    return out
+
+
+def metric_name(path: Path) -> str | None:
+    if not Path(path).exists():
+        return None
+    first = Path(path).read_text(encoding="utf-8").split("\n", 1)[0].split("\t")
+    return first[1] if len(first) > 1 else None
+
+
+def _parse(key: str, raw: str) -> Any:
+    if raw == "":
+        return None
+    if key == "metric" or key in NUMERIC:
+        try:
+            value = float(raw)
+        except ValueError:
+            return None
+        if key in ("iteration", "input_tokens", "cached_tokens", "output_tokens", "retries"):
+            return int(value)
+        return value
+    return raw
+
+
+def load_frame(path: Path):
+    """The ledger as a pandas DataFrame with every schema column present (missing = NaN/None)."""
+    import pandas as pd
+
+    rows = read_rows(path)
+    metric = metric_name(path) or "metric"
+    frame = pd.DataFrame(rows)
+    for col in ["commit", "metric", *TAIL_COLUMNS]:
+        if col not in frame.columns:
+            frame[col] = None
+    frame.attrs["metric"] = metric
+    return frame
+
+
+def best_row(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The current best is the last kept row (each keep beat the one before it)."""
+    kept = [r for r in rows if r.get("status") == "keep"]
+    return kept[-1] if kept else None

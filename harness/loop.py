@@ -1,0 +1,292 @@
+"""The supervisor: set a run up (or resume it), then iterate until the deadline, cap or budget.
+
+All state lives on disk (the run branch, the ledger, the journal), so the supervisor can be
+killed at any point and resumed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable
+
+from . import __version__, ledger, pricing
+from .agents import Researcher, make_researcher
+from .config import RunConfig
+from .errors import RepoError
+from .gitgate import GitGate, sha256_file
+from .ledger import Row
+from .step import INTERRUPTED, Context, RunState, clear_journal, evaluate, journal_path, now_iso, rel, run_step
+
+Progress = Callable[[str, dict[str, Any]], None]
+
+
+def _quiet(event: str, data: dict[str, Any]) -> None:
+    pass
+
+
+@dataclass
+class Summary:
+    tag: str
+    branch: str
+    baseline_value: float | None
+    best_value: float | None
+    best_commit: str
+    iterations: int
+    counts: dict[str, int] = field(default_factory=dict)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = None
+    stopped: str = ""
+
+    @property
+    def keep_rate(self) -> float:
+        done = sum(v for k, v in self.counts.items() if k != "budget")
+        return self.counts.get("keep", 0) / done if done else 0.0
+
+
+# ---------------------------------------------------------------------------
+# Set-up, refusals and resume
+
+
+def preflight_repo(cfg: RunConfig, gate: GitGate, resume: bool) -> str:
+    """Refuse a run that cannot be trusted; return the commit the run starts from."""
+    base = gate.require_commit(cfg.from_rev)
+    for path in (*cfg.editable, *cfg.protected):
+        if not gate.tracked_at(base, path):
+            raise RepoError(f"{path} is not committed at {cfg.from_rev} in {gate.root}. The run needs "
+                            f"every editable and protected file committed; check [tool.harness] "
+                            f"editable/protected or commit the file.")
+    dirty = gate.dirty_files((*cfg.editable, *cfg.protected))
+    if dirty and cfg.from_rev == "HEAD":
+        raise RepoError("uncommitted changes in " + ", ".join(dirty) + ": commit or stash them "
+                        "first, so the run's baseline is exactly what you see.")
+    if not (gate.root / cfg.program).exists() and not gate.tracked_at(base, cfg.program):
+        raise RepoError(f"the program file {cfg.program} is missing; `harness init` writes one.")
+    exists = gate.branch_exists(cfg.branch)
+    if exists and not resume:
+        raise RepoError(f"branch {cfg.branch} already exists: pass --resume to continue that run, "
+                        f"or choose another --tag.")
+    if resume and not exists:
+        raise RepoError(f"nothing to resume: branch {cfg.branch} does not exist. Drop --resume.")
+    return base
+
+
+def program_text(cfg: RunConfig, gate: GitGate, base: str) -> str:
+    path = gate.root / cfg.program
+    if path.exists():
+        return path.read_text()
+    return gate.repo.git.show(f"{base}:{cfg.program}")
+
+
+def device_name() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return f"cpu ({platform.machine()})"
+
+
+def write_manifest(cfg: RunConfig, researcher: Researcher, base: str, program: str) -> None:
+    def version(pkg: str) -> str | None:
+        try:
+            return metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            return None
+
+    manifest = {
+        "harness_version": __version__, "tag": cfg.tag, "branch": cfg.branch,
+        "baseline_commit": base, "created_at": now_iso(), "config": cfg.to_json(),
+        "python": sys.version.split()[0], "torch": version("torch"), "device": device_name(),
+        "agent": researcher.name, "model": pricing.resolve_model(cfg.model),
+        "researcher": researcher.describe(),
+        "program_sha256": hashlib.sha256(program.encode()).hexdigest(),
+    }
+    (cfg.run_dir / "run.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def link_results(cfg: RunConfig) -> None:
+    """results.tsv at the repo root points at the latest run's ledger (as karpathy/autoresearch has it)."""
+    link = cfg.repo / "results.tsv"
+    if link.is_symlink() or not link.exists():
+        link.unlink(missing_ok=True)
+        link.symlink_to(cfg.ledger_path.relative_to(cfg.repo))
+
+
+def baseline(ctx: Context, state_base: str, progress: Progress) -> RunState:
+    cfg = ctx.cfg
+    progress("baseline", {"commit": state_base})
+    log = cfg.logs_dir / "iter-0000.log"
+    started_at, t0 = now_iso(), time.monotonic()
+    result = evaluate(cfg, cfg.worktree, log, cfg.seed)
+    value = result.value(cfg.metric)
+    status = "keep" if result.status == "ok" else result.status
+    row = Row(commit=state_base, metric=value, status=status,
+              description="baseline" if status == "keep" else f"baseline [{result.reason}]",
+              iteration=0, memory_gb=(result.metrics.get("peak_vram_mb") or 0) / 1024 if result.metrics else None,
+              agent=ctx.researcher.name, model=pricing.resolve_model(cfg.model) or "",
+              started_at=started_at, train_s=round(result.train_s, 3),
+              wall_s=round(time.monotonic() - t0, 3), log=rel(cfg, log))
+    ledger.append(cfg.ledger_path, cfg.metric, row)
+    if status != "keep":
+        raise RepoError(f"the baseline did not produce {cfg.metric} ({result.reason}). Fix the training "
+                        f"code so it runs on its own; see {log}. Then run again with --resume.")
+    hashes = {p: sha256_file(cfg.worktree / p) for p in cfg.protected}
+    return RunState(state_base, state_base, value, 0, hashes)
+
+
+def reconcile(ctx: Context, base: str) -> RunState | None:
+    """Rebuild the state from disk: record an interrupted candidate once, reset to the best commit."""
+    cfg = ctx.cfg
+    rows = ledger.read_rows(cfg.ledger_path)
+    journal = journal_path(cfg)
+    if journal.exists():
+        data = json.loads(journal.read_text())
+        if data.get("commit") and not any(r.get("iteration") == data["iteration"] for r in rows):
+            ledger.append(cfg.ledger_path, cfg.metric, Row(
+                commit=data["commit"], metric=None, status="crash", iteration=data["iteration"],
+                description=ledger.one_line(f"{data.get('description', '')} [{INTERRUPTED}]"),
+                agent=ctx.researcher.name, model=pricing.resolve_model(cfg.model) or "",
+                parent=data["parent"][:12], started_at=data["started_at"]))
+            rows = ledger.read_rows(cfg.ledger_path)
+        clear_journal(cfg)
+    best = ledger.best_row(rows)
+    if best is None:
+        return None
+    best_commit = ctx.wt.resolve(best["commit"])
+    ctx.wt.reset_hard(best_commit)
+    tried_file = cfg.run_dir / "tried.txt"
+    tried = set(tried_file.read_text().split()) if tried_file.exists() else set()
+    hashes = {p: sha256_file(cfg.worktree / p) for p in cfg.protected}
+    last = max((r.get("iteration") or 0) for r in rows)
+    return RunState(base, best_commit, best["metric"], last, hashes, tried)
+
+
+def open_run(cfg: RunConfig, resume: bool, progress: Progress = _quiet,
+             researcher: Researcher | None = None) -> tuple[Context, RunState]:
+    """Refuse, create or re-attach the run's worktree, and measure the baseline if needed."""
+    gate = GitGate(cfg.repo)
+    base = preflight_repo(cfg, gate, resume)
+    researcher = researcher or make_researcher(cfg.agent, cfg.model, cfg.agent_options)
+    gate.ensure_excluded()
+    cfg.logs_dir.mkdir(parents=True, exist_ok=True)
+    if resume:
+        gate.attach_worktree(cfg.worktree, cfg.branch)
+        manifest = json.loads((cfg.run_dir / "run.json").read_text()) if (cfg.run_dir / "run.json").exists() else {}
+        base = manifest.get("baseline_commit", base)
+    else:
+        if cfg.worktree.exists() or cfg.ledger_path.exists():
+            raise RepoError(f"{cfg.run_dir} already holds a run; choose another --tag or remove it.")
+        base = gate.create_worktree(cfg.worktree, cfg.branch, cfg.from_rev)
+    program = program_text(cfg, gate, base)
+    if not resume:
+        write_manifest(cfg, researcher, base, program)
+    link_results(cfg)
+    ctx = Context(cfg, gate.worktree(cfg.worktree), researcher, program)
+    state = reconcile(ctx, base) if resume else None
+    if state is None:
+        state = baseline(ctx, base, progress)
+    return ctx, state
+
+
+# ---------------------------------------------------------------------------
+# The loop
+
+
+def summarize(cfg: RunConfig, state: RunState | None, stopped: str) -> Summary:
+    rows = ledger.read_rows(cfg.ledger_path)
+    counts: dict[str, int] = {}
+    for r in rows[1:]:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    costs = [r.get("cost_usd") for r in rows[1:] if r.get("agent_s") is not None]
+    known = [c for c in costs if c is not None]
+    best = ledger.best_row(rows)
+    return Summary(
+        tag=cfg.tag, branch=cfg.branch,
+        baseline_value=rows[0].get("metric") if rows else None,
+        best_value=best.get("metric") if best else None,
+        best_commit=best.get("commit", "") if best else "",
+        iterations=sum(counts.values()) - counts.get("budget", 0), counts=counts,
+        input_tokens=sum(r.get("input_tokens") or 0 for r in rows),
+        output_tokens=sum(r.get("output_tokens") or 0 for r in rows),
+        cost_usd=sum(known) if known and len(known) == len(costs) else None,
+        stopped=stopped)
+
+
+def budget_reason(cfg: RunConfig, rows: list[dict[str, Any]]) -> str | None:
+    """Would the next iteration, at the mean spend so far, go past --max-tokens or --max-cost?"""
+    done = [r for r in rows if (r.get("iteration") or 0) > 0 and r.get("agent_s") is not None]
+    if not done or (cfg.max_tokens is None and cfg.max_cost is None):
+        return None
+    tokens = [(r.get("input_tokens") or 0) + (r.get("output_tokens") or 0) for r in done]
+    if cfg.max_tokens is not None and sum(tokens) + sum(tokens) / len(tokens) > cfg.max_tokens:
+        return f"the next iteration would pass --max-tokens {cfg.max_tokens} (spent {sum(tokens)})"
+    costs = [r.get("cost_usd") or 0.0 for r in done]
+    if cfg.max_cost is not None and sum(costs) + sum(costs) / len(costs) > cfg.max_cost:
+        return f"the next iteration would pass --max-cost {cfg.max_cost:g} USD (spent {sum(costs):.4f})"
+    return None
+
+
+def run(cfg: RunConfig, resume: bool = False, progress: Progress = _quiet,
+        researcher: Researcher | None = None, max_steps: int | None = None) -> Summary:
+    """Run iterations until --hours, --iterations, a budget cap, or Ctrl-C.
+
+    max_steps bounds the iterations of this call alone (`harness step` passes 1).
+    """
+    start = time.monotonic()
+    deadline = start + cfg.hours * 3600 if cfg.hours else None
+    state: RunState | None = None
+    ctx: Context | None = None
+    stopped = "done"
+    try:
+        ctx, state = open_run(cfg, resume, progress, researcher)
+        progress("start", {"best": state.best_value, "iteration": state.iteration})
+        walls: list[float] = []
+        steps = 0
+        while True:
+            if cfg.iterations is not None and state.iteration >= cfg.iterations:
+                stopped = f"reached --iterations {cfg.iterations}"
+                break
+            if max_steps is not None and steps >= max_steps:
+                stopped = "step done"
+                break
+            rows = ledger.read_rows(cfg.ledger_path)
+            if deadline is not None:
+                estimate = max(walls[-5:]) if walls else (rows[0].get("wall_s") or 0) if rows else 0
+                if time.monotonic() + estimate > deadline:
+                    stopped = f"reached --hours {cfg.hours:g} (the next iteration would not finish in time)"
+                    break
+            reason = budget_reason(cfg, rows)
+            if reason:
+                ledger.append(cfg.ledger_path, cfg.metric, Row(
+                    commit=state.best_commit, metric=None, status="budget", iteration=state.iteration + 1,
+                    description=f"stopped: {reason}", agent=ctx.researcher.name,
+                    model=pricing.resolve_model(cfg.model) or "", started_at=now_iso()))
+                stopped = reason
+                break
+            progress("iteration", {"iteration": state.iteration + 1, "elapsed_s": time.monotonic() - start})
+            row = run_step(ctx, state)
+            walls.append(row.wall_s or 0.0)
+            steps += 1
+            eta = (deadline - time.monotonic()) if deadline else None
+            progress("row", {"row": row, "best": state.best_value, "elapsed_s": time.monotonic() - start,
+                             "eta_s": eta})
+    except KeyboardInterrupt:
+        stopped = "interrupted (Ctrl-C); continue with --resume"
+        if ctx is not None:
+            old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not tear the cleanup
+            try:
+                state = reconcile(ctx, state.baseline_commit if state else "") or state
+            finally:
+                signal.signal(signal.SIGINT, old)
+    return summarize(cfg, state, stopped)

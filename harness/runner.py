@@ -1,0 +1,162 @@
+"""The training job: a subprocess in its own process group, under a hard deadline.
+
+The job's whole output goes to a log file; the result comes from the final `---` block of
+`key: value` lines (or from the JSON file that the workload's protected code writes).
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import shlex
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Variables that must never reach the training job (the researcher's code runs there).
+SECRET_RE = re.compile(r"(_API_KEY|_TOKEN|_SECRET|_PASSWORD|_CREDENTIALS?)$|^(AWS_|AZURE_|GH_|GITHUB_TOKEN)", re.I)
+TERM_GRACE_S = 5.0  # s between SIGTERM and SIGKILL of the process group
+POLL_S = 0.2  # s between checks of the job
+
+
+@dataclass
+class TrainResult:
+    status: str  # "ok", "crash" or "timeout"
+    metrics: dict[str, float] = field(default_factory=dict)
+    train_s: float = 0.0  # wall seconds of the job
+    returncode: int | None = None
+    reason: str = ""
+
+    def value(self, metric: str) -> float | None:
+        v = self.metrics.get(metric)
+        return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+
+# ---------------------------------------------------------------------------
+# Parsing: pure functions on strings
+
+
+def parse_summary(text: str) -> dict[str, float | str]:
+    """The `key: value` lines after the last line that is exactly `---`.
+
+    Numbers become floats (nan stays nan); other values stay strings. No `---` = {}.
+    """
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip() == "---"]
+    if not starts:
+        return {}
+    out: dict[str, float | str] = {}
+    for line in lines[starts[-1] + 1:]:
+        key, sep, raw = line.partition(":")
+        key = key.strip()
+        if not sep or not key or " " in key:
+            continue
+        raw = raw.strip()
+        try:
+            out[key] = float(raw)
+        except ValueError:
+            out[key] = raw
+    return out
+
+
+def judge(text: str, returncode: int | None, metric: str) -> tuple[str, dict, str]:
+    """Decide ok/crash from the job's output and exit code: (status, metrics, reason)."""
+    metrics = parse_summary(text)
+    if returncode not in (0, None):
+        errors = re.findall(r"^(\w+(?:Error|Exception|Interrupt)\b.*)$", text, re.M)
+        detail = f": {errors[-1][:200]}" if errors else ""
+        return "crash", metrics, f"exit code {returncode}{detail}"
+    if re.search(r"^FAIL\b", text, re.M):
+        return "crash", metrics, "the job printed FAIL"
+    value = metrics.get(metric)
+    if value is None:
+        return "crash", metrics, f"no '{metric}:' line after a '---' line in the output"
+    if not isinstance(value, float) or math.isnan(value) or math.isinf(value):
+        return "crash", metrics, f"{metric} is not a finite number: {value!r}"
+    return "ok", {k: v for k, v in metrics.items() if isinstance(v, float)}, ""
+
+
+def tail(path: Path, max_bytes: int = 4000) -> str:
+    """The last max_bytes of a log file (for the researcher's prompt and error messages)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    return data if size <= max_bytes else "...\n" + data.split("\n", 1)[-1]
+
+
+# ---------------------------------------------------------------------------
+# Running
+
+
+def training_env(base: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in base.items() if not SECRET_RE.search(k)}
+    env.update(extra)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the whole process group, then SIGKILL whatever is left after a grace period."""
+    for sig, wait_s in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        # The leader is gone; children that ignored SIGTERM may still hold the group.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return
+
+
+def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, metric: str,
+                 kill_after_s: float, stall_after_s: float | None = None) -> TrainResult:
+    """Run the job to completion, a crash, the hard deadline or a stall; never raises for job failures.
+
+    A KeyboardInterrupt while waiting kills the job's process group and propagates.
+    """
+    argv = shlex.split(command)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with open(log_path, "wb") as log:
+        try:
+            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as e:
+            log.write(f"could not start {argv!r}: {e}\n".encode())
+            return TrainResult("crash", reason=f"could not start the training command: {e}")
+        status, reason = None, ""
+        last_size, last_change = 0, start
+        try:
+            while proc.poll() is None:
+                now = time.monotonic()
+                if now - start > kill_after_s:
+                    status, reason = "timeout", f"still running after {kill_after_s:.0f}s (kill_after)"
+                    break
+                size = log_path.stat().st_size
+                if size != last_size:
+                    last_size, last_change = size, now
+                elif stall_after_s and now - last_change > stall_after_s:
+                    status, reason = "timeout", f"no output for {stall_after_s:.0f}s (stall)"
+                    break
+                time.sleep(POLL_S)
+        finally:
+            kill_group(proc)
+    train_s = time.monotonic() - start
+    if status == "timeout":
+        return TrainResult("timeout", train_s=train_s, returncode=proc.returncode, reason=reason)
+    text = log_path.read_text(encoding="utf-8", errors="replace")
+    status, metrics, reason = judge(text, proc.returncode, metric)
+    return TrainResult(status, metrics, train_s, proc.returncode, reason)

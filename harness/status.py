@@ -1,0 +1,56 @@
+"""`harness status`: a run's summary, computed from its ledger alone."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import ledger
+from .errors import HarnessError
+
+
+def find_ledger(repo: Path, tag: str | None) -> Path:
+    runs = Path(repo) / "runs"
+    if tag:
+        path = runs / tag / "results.tsv"
+        if not path.exists():
+            raise HarnessError(f"no ledger for run {tag!r} at {path}; `ls {runs}` lists the runs.")
+        return path
+    found = sorted(runs.glob("*/results.tsv"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise HarnessError(f"no runs under {runs}; start one with `harness run`.")
+    return found[-1]
+
+
+def render_text(path: Path, last: int = 10) -> str:
+    rows = ledger.read_rows(path)
+    metric = ledger.metric_name(path) or "metric"
+    if not rows:
+        return f"{path}: no rows yet (the baseline is still training)"
+    counts: dict[str, int] = {}
+    for r in rows[1:]:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    base = rows[0].get("metric")
+    best = ledger.best_row(rows)
+    best_value = best.get("metric") if best else None
+    tokens_in = sum(r.get("input_tokens") or 0 for r in rows)
+    tokens_out = sum(r.get("output_tokens") or 0 for r in rows)
+    costs = [r.get("cost_usd") for r in rows[1:] if r.get("agent_s") is not None]
+    cost = "unknown" if any(c is None for c in costs) else f"${sum(costs):.4f}"
+    evaluated = sum(v for k, v in counts.items() if k != "budget")
+    lines = [
+        f"run: {path.parent.name}   ledger: {path}",
+        f"experiments: {evaluated}   " + "  ".join(f"{k}: {v}" for k, v in sorted(counts.items())),
+        f"baseline {metric}: {fmt(base)}   best: {fmt(best_value)} ({best.get('commit', '') if best else ''})"
+        + (f"   improvement: {best_value - base:+.6f}" if base is not None and best_value is not None else ""),
+        f"tokens in/out: {tokens_in}/{tokens_out}   cost: {cost}",
+        "",
+        f"{'iter':>4}  {'commit':12}  {metric:>10}  {'status':8}  description",
+    ]
+    for r in rows[-last:]:
+        lines.append(f"{r.get('iteration') if r.get('iteration') is not None else '':>4}  "
+                     f"{(r.get('commit') or ''):12}  {fmt(r.get('metric')):>10}  "
+                     f"{r.get('status', ''):8}  {(r.get('description') or '')[:90]}")
+    return "\n".join(lines)
+
+
+def fmt(value) -> str:
+    return "-" if value is None else f"{value:.6f}"

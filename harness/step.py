@@ -1,0 +1,229 @@
+"""One iteration: propose -> check -> commit -> train -> decide -> keep/reset -> log.
+
+propose() and evaluate() take explicit inputs (the parent commit, the worktree), so a
+scheduler can later overlap a proposal with a training run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from . import ledger, pricing, prompt
+from .agents import Proposal, Researcher, Task
+from .config import RunConfig
+from .gitgate import Worktree, content_hash, sha256_file
+from .ledger import Row
+from .runner import TrainResult, run_training, tail, training_env
+
+INTERRUPTED = "interrupted"
+
+
+@dataclass
+class RunState:
+    """What the loop knows between iterations; all of it can be rebuilt from disk."""
+    baseline_commit: str
+    best_commit: str
+    best_value: float
+    iteration: int  # the last iteration number used (0 = baseline)
+    protected_hashes: dict[str, str | None]
+    tried: set[str] = field(default_factory=set)
+    last_failure_log: Path | None = None
+
+
+@dataclass
+class Context:
+    cfg: RunConfig
+    wt: Worktree
+    researcher: Researcher
+    program_text: str
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def rel(cfg: RunConfig, path: Path) -> str:
+    try:
+        return str(path.relative_to(cfg.run_dir))
+    except ValueError:
+        return str(path)
+
+
+# ---------------------------------------------------------------------------
+# The parts
+
+
+def propose(ctx: Context, state: RunState, iteration: int, parent: str) -> Proposal:
+    """Reset the worktree to parent and ask the researcher for one change."""
+    cfg = ctx.cfg
+    ctx.wt.reset_hard(parent)
+    rows = ledger.read_rows(cfg.ledger_path)
+    text = prompt.render(
+        ctx.program_text, metric=cfg.metric, direction=cfg.direction,
+        best=ledger.best_row(rows), rows=rows, history_rows=cfg.history_rows,
+        last_failure=tail(state.last_failure_log) if state.last_failure_log else "",
+        editable=cfg.editable)
+    task = Task(worktree=cfg.worktree, prompt=text, editable=cfg.editable,
+                timeout_s=cfg.agent_timeout, log_path=cfg.logs_dir / f"iter-{iteration:04d}-agent.log",
+                iteration=iteration, seed=cfg.seed, tried=frozenset(state.tried))
+    start = time.monotonic()
+    try:
+        proposal = ctx.researcher.propose(task)
+    except Exception as e:  # a researcher bug must cost one iteration, not the night
+        proposal = Proposal("", error=f"researcher raised {type(e).__name__}: {e}")
+    if not proposal.agent_s:
+        proposal.agent_s = time.monotonic() - start
+    return proposal
+
+
+def check(ctx: Context, parent: str, state: RunState) -> str | None:
+    """Why the worktree's change is not acceptable, or None. Out-of-scope work is undone by the caller."""
+    cfg = ctx.cfg
+    if ctx.wt.head() != parent:
+        return "the researcher moved HEAD (git commit/reset/checkout); only edit files"
+    # Bytecode caches appear whenever anything imports the code; they are not a change.
+    changes = [c for c in ctx.wt.changes() if "__pycache__/" not in c.path]
+    if not changes:
+        return "no change to the editable files"
+    outside = sorted({c.path for c in changes if c.path not in cfg.editable})
+    if outside:
+        return "changed files outside the editable set: " + ", ".join(outside[:10])
+    for c in changes:
+        p = cfg.worktree / c.path
+        if "D" in c.status or not p.exists():
+            return f"deleted {c.path}"
+        if p.is_symlink():
+            return f"{c.path} became a symlink"
+    for path, digest in state.protected_hashes.items():
+        if sha256_file(cfg.worktree / path) != digest:
+            return f"protected file {path} changed"
+    return None
+
+
+def preflight(ctx: Context) -> str | None:
+    """A syntax error is a crash found in milliseconds, not after a training run."""
+    for path in ctx.cfg.editable:
+        if path.endswith(".py"):
+            source = (ctx.cfg.worktree / path).read_bytes()
+            try:
+                compile(source, path, "exec", dont_inherit=True)
+            except (SyntaxError, ValueError) as e:
+                return f"syntax error in {path}: {e}"[:400]
+    return None
+
+
+def evaluate(cfg: RunConfig, worktree: Path, log_path: Path, seed: int) -> TrainResult:
+    """Train the code in worktree once under the hard deadline."""
+    extra = {"HARNESS_TIME_BUDGET": f"{cfg.time_budget:g}", "HARNESS_SEED": str(seed),
+             "HARNESS_RESULT_FILE": str(log_path.with_suffix(".result.json"))}
+    if cfg.max_steps is not None:
+        extra["HARNESS_MAX_STEPS"] = str(cfg.max_steps)
+    env = training_env(dict(os.environ), extra)
+    return run_training(cfg.train_command, worktree, env, log_path, cfg.metric,
+                        kill_after_s=cfg.kill_after, stall_after_s=cfg.stall_after * 60)
+
+
+def memory_gb(result: TrainResult) -> float | None:
+    mb = result.metrics.get("peak_vram_mb")
+    return None if mb is None else mb / 1024
+
+
+# ---------------------------------------------------------------------------
+# Journal of the in-flight candidate: lets resume record it instead of losing it
+
+
+def journal_path(cfg: RunConfig) -> Path:
+    return cfg.run_dir / "inflight.json"
+
+
+def write_journal(cfg: RunConfig, data: dict) -> None:
+    tmp = journal_path(cfg).with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, journal_path(cfg))
+
+
+def clear_journal(cfg: RunConfig) -> None:
+    journal_path(cfg).unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------
+# The whole iteration
+
+
+def run_step(ctx: Context, state: RunState) -> Row:
+    cfg = ctx.cfg
+    iteration = state.iteration + 1
+    parent, best_before = state.best_commit, state.best_value
+    started_at, t0 = now_iso(), time.monotonic()
+    write_journal(cfg, {"iteration": iteration, "parent": parent, "started_at": started_at,
+                        "phase": "propose"})
+    proposal = propose(ctx, state, iteration, parent)
+    model = pricing.resolve_model(cfg.model)
+    usage = proposal.usage
+    cost = usage.cost_usd if usage.cost_usd is not None else pricing.cost_usd(
+        model, usage.input_tokens, usage.cached_tokens, usage.output_tokens)
+    agent_log = cfg.logs_dir / f"iter-{iteration:04d}-agent.log"
+
+    def row(status: str, description: str, commit: str = "", result: TrainResult | None = None,
+            log: Path = agent_log) -> Row:
+        value = result.value(cfg.metric) if result else None
+        delta = None if value is None else value - best_before
+        return Row(commit=commit, metric=value, status=status, description=ledger.one_line(description),
+                   iteration=iteration, memory_gb=memory_gb(result) if result else None,
+                   agent=ctx.researcher.name, model=model or "", parent=parent[:12],
+                   best_before=best_before, delta=delta, started_at=started_at,
+                   agent_s=round(proposal.agent_s, 3), train_s=round(result.train_s, 3) if result else None,
+                   wall_s=round(time.monotonic() - t0, 3), input_tokens=usage.input_tokens,
+                   cached_tokens=usage.cached_tokens, output_tokens=usage.output_tokens,
+                   cost_usd=cost, retries=proposal.retries, log=rel(cfg, log))
+
+    def finish(r: Row) -> Row:
+        ledger.append(cfg.ledger_path, cfg.metric, r)
+        clear_journal(cfg)
+        state.iteration = iteration
+        return r
+
+    description = proposal.description or "(no description)"
+    if proposal.error:
+        ctx.wt.reset_hard(parent)
+        state.last_failure_log = agent_log if agent_log.exists() else state.last_failure_log
+        return finish(row("crash", f"researcher failed: {proposal.error}"))
+    reason = check(ctx, parent, state)
+    if reason:
+        ctx.wt.reset_hard(parent)
+        return finish(row("invalid", f"{description} [invalid: {reason}]"))
+    digest = content_hash(cfg.worktree, cfg.editable)
+    if digest in state.tried:
+        ctx.wt.reset_hard(parent)
+        return finish(row("skip", f"{description} [already evaluated in this run]"))
+    state.tried.add(digest)
+    with open(cfg.run_dir / "tried.txt", "a") as f:
+        f.write(digest + "\n")
+    message = (f"{ledger.one_line(description, 200)}\n\nHarness-Run: {cfg.tag}\n"
+               f"Harness-Iteration: {iteration}\nHarness-Agent: {ctx.researcher.name}\n"
+               f"Harness-Model: {model or '-'}\n")
+    commit = ctx.wt.commit(cfg.editable, message)
+    write_journal(cfg, {"iteration": iteration, "parent": parent, "started_at": started_at,
+                        "phase": "train", "commit": commit, "description": description})
+    train_log = cfg.logs_dir / f"iter-{iteration:04d}.log"
+    problem = preflight(ctx)
+    if problem:
+        train_log.write_text(problem + "\n")
+        ctx.wt.reset_hard(parent)
+        state.last_failure_log = train_log
+        return finish(row("crash", f"{description} [{problem}]", commit, log=train_log))
+    result = evaluate(cfg, cfg.worktree, train_log, cfg.seed)
+    if result.status != "ok":
+        ctx.wt.reset_hard(parent)
+        state.last_failure_log = train_log
+        return finish(row(result.status, f"{description} [{result.reason}]", commit, result, train_log))
+    value = result.value(cfg.metric)
+    if cfg.better(value, best_before):
+        state.best_commit, state.best_value = commit, value
+        return finish(row("keep", description, commit, result, train_log))
+    ctx.wt.reset_hard(parent)
+    return finish(row("discard", description, commit, result, train_log))

@@ -1,0 +1,82 @@
+"""Shared fixtures: real git repos in tmp_path driven by a fake trainer or the real train.py."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.agents import Proposal, Task
+
+ROOT = Path(__file__).resolve().parent.parent
+FAKE_TRAIN = (Path(__file__).parent / "fake_train.py").read_text()
+
+SETTINGS = """editable = ["train.py"]
+protected = ["prepare.py"]
+train_command = "{python} train.py"
+metric = "val_bpb"
+direction = "minimize"
+time_budget = 5
+kill_after = {kill_after}
+program = "program.md"
+"""
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def set_globals(source: str, **values) -> str:
+    """Rewrite `NAME = ...` lines of a train.py source."""
+    for name, value in values.items():
+        source, n = re.subn(rf"^{name} = .*$", f"{name} = {value!r}", source, count=1, flags=re.M)
+        assert n == 1, name
+    return source
+
+
+def make_repo(path: Path, train_source: str = FAKE_TRAIN, kill_after: float = 20, extra: str = "") -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "train.py").write_text(train_source)
+    (path / "prepare.py").write_text("# protected evaluation code\nEVAL_BYTES = 1000\n")
+    (path / "program.md").write_text("Lower val_bpb wins.\n\n{{BEST}}\n\n{{RESULTS}}\n\n{{LAST_FAILURE}}\n")
+    (path / "harness.toml").write_text(SETTINGS.format(python=sys.executable, kill_after=kill_after) + extra)
+    git(path, "init", "-q", "-b", "main")
+    git(path, "config", "user.name", "Test User")
+    git(path, "config", "user.email", "test@example.com")
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "-m", "initial")
+    return path
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    return make_repo(tmp_path / "research")
+
+
+class ScriptedResearcher:
+    """A researcher that applies a scripted list of edits: each a dict of globals, a callable or an exception."""
+    name = "scripted"
+    model = None
+
+    def __init__(self, script):
+        self.script = list(script)
+        self.calls: list[Task] = []
+
+    def describe(self):
+        return {"backend": "scripted"}
+
+    def propose(self, task: Task) -> Proposal:
+        self.calls.append(task)
+        step = self.script.pop(0) if self.script else {}
+        start = time.monotonic()
+        if isinstance(step, BaseException):
+            raise step
+        if callable(step):
+            return step(task)
+        train = task.worktree / "train.py"
+        train.write_text(set_globals(train.read_text(), **step))
+        desc = ", ".join(f"{k}={v}" for k, v in step.items()) or "nothing"
+        return Proposal(desc, agent_s=time.monotonic() - start)

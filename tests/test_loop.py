@@ -1,0 +1,175 @@
+"""End to end on real temporary git repos with the fake trainer: every status, git invariants, resume."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness import ledger, loop
+from harness.agents import Proposal
+from harness.config import resolve
+
+from conftest import ScriptedResearcher, git
+
+
+def config(repo: Path, tag: str = "t1", **overrides):
+    return resolve(repo, tag, overrides)
+
+
+def branch_commits(repo: Path, cfg) -> list[str]:
+    base = json.loads((cfg.run_dir / "run.json").read_text())["baseline_commit"]
+    return git(repo, "rev-list", "--reverse", f"{base}..{cfg.branch}").split()
+
+
+def write_file(name: str, text: str):
+    def step(task):
+        (task.worktree / name).write_text(text)
+        return Proposal(f"write {name}")
+    return step
+
+
+def test_every_status_and_git_invariants(repo: Path):
+    script = [
+        {"VALUE": 0.9},                      # keep
+        {"VALUE": 1.2},                      # discard
+        {"MODE": "crash"},                   # crash: exception, exit 1
+        {"MODE": "nan"},                     # crash: NaN metric
+        {"MODE": "hang"},                    # timeout: killed at kill_after
+        write_file("notes.txt", "hi"),       # invalid: out of scope
+        {},                                  # invalid: no change
+        write_file("train.py", "def broken(:\n"),  # crash in preflight, no training
+        {"VALUE": 1.2},                      # skip: already evaluated
+        {"VALUE": 0.8},                      # keep
+        write_file("prepare.py", "EVAL_BYTES = 1\n"),  # invalid: protected file
+        RuntimeError("researcher bug"),      # crash: the researcher itself failed
+    ]
+    cfg = config(repo, kill_after=3, iterations=len(script))
+    researcher = ScriptedResearcher(script)
+    heads = []
+
+    def progress(event, data):
+        if event == "row":
+            heads.append((git(cfg.worktree, "rev-parse", "HEAD"), data["row"]))
+
+    summary = loop.run(cfg, progress=progress, researcher=researcher)
+    rows = ledger.read_rows(cfg.ledger_path)
+    statuses = [r["status"] for r in rows]
+    assert statuses == ["keep", "keep", "discard", "crash", "crash", "timeout", "invalid", "invalid",
+                        "crash", "skip", "keep", "invalid", "crash"]
+    assert len(rows) == len(script) + 1
+    assert rows[0]["description"] == "baseline" and rows[0]["iteration"] == 0
+    assert [r["iteration"] for r in rows] == list(range(len(script) + 1))
+    # After every iteration the worktree's HEAD is the best commit so far.
+    best = rows[0]["commit"]
+    for head, row in heads:
+        if row.status == "keep":
+            best = row.commit
+        assert head.startswith(best[:12])
+    # The branch holds exactly the kept commits, in order.
+    kept = [r["commit"] for r in rows[1:] if r["status"] == "keep"]
+    assert [c[:12] for c in branch_commits(repo, cfg)] == kept
+    assert summary.best_value == pytest.approx(0.8)
+    assert summary.counts["keep"] == 2
+    # The user's checkout is untouched.
+    assert git(repo, "status", "--porcelain") == ""
+    assert "VALUE = 1.0" in (repo / "train.py").read_text()
+    # Reasons are on the ledger, and the timeout was killed near kill_after.
+    by_iter = {r["iteration"]: r for r in rows}
+    assert "outside the editable set: notes.txt" in by_iter[6]["description"]
+    assert "no change" in by_iter[7]["description"]
+    assert "syntax error" in by_iter[8]["description"] and by_iter[8]["train_s"] is None
+    assert "protected file" in by_iter[11]["description"] or "prepare.py" in by_iter[11]["description"]
+    assert "researcher bug" in by_iter[12]["description"]
+    assert 3 <= by_iter[5]["train_s"] < 12
+    assert by_iter[1]["delta"] == pytest.approx(-0.1) and by_iter[1]["memory_gb"] == pytest.approx(2.0)
+    assert (cfg.run_dir / by_iter[3]["log"]).read_text().count("CUDA out of memory") >= 1
+    # The last failing log reaches the next prompt.
+    assert "CUDA out of memory" in researcher.calls[3].prompt
+    assert (repo / "results.tsv").resolve() == cfg.ledger_path.resolve()
+
+
+def test_commit_trailers_and_manifest(repo: Path):
+    cfg = config(repo, iterations=1)
+    loop.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.5}]))
+    message = git(cfg.worktree, "log", "-1", "--format=%B")
+    assert message.startswith("VALUE=0.5")
+    assert "Harness-Run: t1" in message and "Harness-Iteration: 1" in message
+    manifest = json.loads((cfg.run_dir / "run.json").read_text())
+    assert manifest["baseline_commit"] == git(repo, "rev-parse", "HEAD")
+    assert manifest["config"]["time_budget"] == 5 and manifest["agent"] == "scripted"
+    assert len(manifest["program_sha256"]) == 64 and manifest["python"]
+
+
+def test_keep_ties(repo: Path):
+    strict = config(repo, "strict", iterations=1)
+    loop.run(strict, researcher=ScriptedResearcher([{"VALUE": 1.0, "SLEEP_S": 0.01}]))
+    assert ledger.read_rows(strict.ledger_path)[1]["status"] == "discard"
+    ties = config(repo, "ties", iterations=1, keep_ties=True)
+    loop.run(ties, researcher=ScriptedResearcher([{"VALUE": 1.0, "SLEEP_S": 0.01}]))
+    assert ledger.read_rows(ties.ledger_path)[1]["status"] == "keep"
+
+
+def test_ctrl_c_in_researcher_then_resume(repo: Path):
+    cfg = config(repo, iterations=4)
+    summary = loop.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}, KeyboardInterrupt()]))
+    assert "interrupted" in summary.stopped
+    rows = ledger.read_rows(cfg.ledger_path)
+    assert [r["status"] for r in rows] == ["keep", "keep"]
+    assert git(cfg.worktree, "rev-parse", "HEAD").startswith(rows[1]["commit"])
+    assert git(cfg.worktree, "status", "--porcelain") == ""
+    # Resume continues the numbering and the best.
+    loop.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": 0.95}, {"VALUE": 0.7}, {"VALUE": 0.6}]))
+    rows = ledger.read_rows(cfg.ledger_path)
+    assert [r["iteration"] for r in rows] == [0, 1, 2, 3, 4]
+    assert [r["status"] for r in rows] == ["keep", "keep", "discard", "keep", "keep"]
+    assert rows[2]["best_before"] == pytest.approx(0.9)
+
+
+def test_interrupted_candidate_is_recorded_once_on_resume(repo: Path):
+    """A supervisor killed during training leaves a journal; resume records the candidate once."""
+    cfg = config(repo, iterations=3)
+    loop.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}]), max_steps=1)
+    wt = cfg.worktree
+    (wt / "train.py").write_text((wt / "train.py").read_text().replace("VALUE = 0.9", "VALUE = 0.1"))
+    git(wt, "add", "train.py")
+    git(wt, "commit", "-q", "-m", "candidate in flight")
+    inflight = git(wt, "rev-parse", "HEAD")
+    (cfg.run_dir / "inflight.json").write_text(json.dumps({
+        "iteration": 2, "parent": git(wt, "rev-parse", "HEAD~1"), "started_at": "2026-01-01T00:00:00Z",
+        "phase": "train", "commit": inflight, "description": "VALUE=0.1"}))
+    loop.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": 0.85}]))
+    rows = ledger.read_rows(cfg.ledger_path)
+    assert [(r["iteration"], r["status"]) for r in rows] == [(0, "keep"), (1, "keep"), (2, "crash"), (3, "keep")]
+    assert "interrupted" in rows[2]["description"] and rows[2]["commit"] == inflight[:12]
+    assert inflight[:12] not in [c[:12] for c in branch_commits(repo, cfg)]
+
+
+def test_hours_deadline_never_starts_an_iteration_that_cannot_finish(repo: Path):
+    source = (repo / "train.py").read_text().replace("SLEEP_S = 0.0", "SLEEP_S = 1.5")
+    (repo / "train.py").write_text(source)
+    git(repo, "commit", "-qam", "slower")
+    cfg = config(repo, hours=4.0 / 3600)  # four seconds
+    summary = loop.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}] * 10))
+    rows = ledger.read_rows(cfg.ledger_path)
+    assert "hours" in summary.stopped
+    assert 1 <= len(rows) <= 3
+    total = sum(r["wall_s"] for r in rows)
+    assert total < 4.0 + 1.0
+
+
+def test_budget_stops_with_a_budget_row(repo: Path):
+    def expensive(task):
+        train = task.worktree / "train.py"
+        text = train.read_text()
+        value = float(text.split("VALUE = ")[1].split()[0]) - 0.01
+        train.write_text(text.replace(text.split("VALUE = ")[1].split()[0], repr(value), 1))
+        from harness.agents import Usage
+        return Proposal(f"VALUE {value}", Usage(1000, 0, 100, cost_usd=0.4))
+
+    cfg = config(repo, iterations=10, max_cost=1.0)
+    summary = loop.run(cfg, researcher=ScriptedResearcher([expensive] * 10))
+    rows = ledger.read_rows(cfg.ledger_path)
+    assert [r["status"] for r in rows] == ["keep", "keep", "keep", "budget"]
+    assert sum(r["cost_usd"] or 0 for r in rows) <= 1.0
+    assert "max-cost" in rows[-1]["description"] and "max-cost" in summary.stopped
