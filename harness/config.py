@@ -133,6 +133,8 @@ class RunConfig:
     max_cost: float | None = None  # USD
     agent_options: dict[str, Any] = field(default_factory=dict)
     config_file: str | None = None
+    arm: str = ""  # A/B arm name ("a", "b"); "" for a single run
+    run_root: Path | None = None  # where the run's files live; default repo/runs/<tag>
 
     @property
     def branch(self) -> str:
@@ -140,7 +142,7 @@ class RunConfig:
 
     @property
     def run_dir(self) -> Path:
-        return self.repo / "runs" / self.tag
+        return self.run_root if self.run_root is not None else self.repo / "runs" / self.tag
 
     @property
     def worktree(self) -> Path:
@@ -163,6 +165,7 @@ class RunConfig:
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["repo"] = str(self.repo)
+        out["run_root"] = None if self.run_root is None else str(self.run_root)
         return out
 
 
@@ -178,7 +181,7 @@ def resolve(repo: Path, tag: str, overrides: dict[str, Any]) -> RunConfig:
             merged[key] = _check_value(key, value)
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from e
-    run_only = {"hours", "iterations", "from_rev", "max_tokens", "max_cost", "agent_options"}
+    run_only = {"hours", "iterations", "from_rev", "max_tokens", "max_cost", "agent_options", "arm", "run_root"}
     extra: dict[str, Any] = {}
     for key, value in overrides.items():
         if value is None:

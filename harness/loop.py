@@ -118,6 +118,8 @@ def write_manifest(cfg: RunConfig, researcher: Researcher, base: str, program: s
 def link_results(cfg: RunConfig) -> None:
     """results.tsv at the repo root points at the latest run's ledger (as karpathy/autoresearch has it)."""
     link = cfg.repo / "results.tsv"
+    if cfg.arm:  # A/B arms keep their ledgers under the A/B run's folder
+        return
     if link.is_symlink() or not link.exists():
         link.unlink(missing_ok=True)
         link.symlink_to(cfg.ledger_path.relative_to(cfg.repo))
@@ -133,7 +135,7 @@ def baseline(ctx: Context, state_base: str, progress: Progress) -> RunState:
     status = "keep" if result.status == "ok" else result.status
     row = Row(commit=state_base, metric=value, status=status,
               description="baseline" if status == "keep" else f"baseline [{result.reason}]",
-              iteration=0, memory_gb=(result.metrics.get("peak_vram_mb") or 0) / 1024 if result.metrics else None,
+              iteration=0, arm=cfg.arm, memory_gb=(result.metrics.get("peak_vram_mb") or 0) / 1024 if result.metrics else None,
               agent=ctx.researcher.name, model=pricing.resolve_model(cfg.model) or "",
               started_at=started_at, train_s=round(result.train_s, 3),
               wall_s=round(time.monotonic() - t0, 3), log=rel(cfg, log))
@@ -154,7 +156,7 @@ def reconcile(ctx: Context, base: str) -> RunState | None:
         data = json.loads(journal.read_text())
         if data.get("commit") and not any(r.get("iteration") == data["iteration"] for r in rows):
             ledger.append(cfg.ledger_path, cfg.metric, Row(
-                commit=data["commit"], metric=None, status="crash", iteration=data["iteration"],
+                commit=data["commit"], metric=None, status="crash", iteration=data["iteration"], arm=cfg.arm,
                 description=ledger.one_line(f"{data.get('description', '')} [{INTERRUPTED}]"),
                 agent=ctx.researcher.name, model=pricing.resolve_model(cfg.model) or "",
                 parent=data["parent"][:12], started_at=data["started_at"]))
@@ -269,7 +271,7 @@ def run(cfg: RunConfig, resume: bool = False, progress: Progress = _quiet,
             reason = budget_reason(cfg, rows)
             if reason:
                 ledger.append(cfg.ledger_path, cfg.metric, Row(
-                    commit=state.best_commit, metric=None, status="budget", iteration=state.iteration + 1,
+                    commit=state.best_commit, metric=None, status="budget", iteration=state.iteration + 1, arm=cfg.arm,
                     description=f"stopped: {reason}", agent=ctx.researcher.name,
                     model=pricing.resolve_model(cfg.model) or "", started_at=now_iso()))
                 stopped = reason

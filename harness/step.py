@@ -174,7 +174,7 @@ def run_step(ctx: Context, state: RunState) -> Row:
         delta = None if value is None else value - best_before
         return Row(commit=commit, metric=value, status=status, description=ledger.one_line(description),
                    iteration=iteration, memory_gb=memory_gb(result) if result else None,
-                   agent=ctx.researcher.name, model=model or "", parent=parent[:12],
+                   arm=cfg.arm, agent=ctx.researcher.name, model=model or "", parent=parent[:12],
                    best_before=best_before, delta=delta, started_at=started_at,
                    agent_s=round(proposal.agent_s, 3), train_s=round(result.train_s, 3) if result else None,
                    wall_s=round(time.monotonic() - t0, 3), input_tokens=usage.input_tokens,
