@@ -6,6 +6,7 @@ description); ours follow. Readers accept any prefix of the schema, a five-colum
 from __future__ import annotations
 
 import csv
+import math
 import io
 import os
 from dataclasses import dataclass, field
@@ -67,7 +68,8 @@ class Row:
 
     def cells(self) -> list[str]:
         # The first five columns look like karpathy/autoresearch's: 0.997900, 44.0.
-        head = [self.commit[:12], "" if self.metric is None else f"{self.metric:.6f}",
+        metric = None if self.metric is None or math.isnan(self.metric) else self.metric
+        head = [self.commit[:12], "" if metric is None else f"{metric:.6f}",
                 "" if self.memory_gb is None else f"{self.memory_gb:.1f}", self.status, self.description]
         return [_fmt(v) for v in head + [getattr(self, c) for c in TAIL_COLUMNS[3:]]]
 
@@ -126,6 +128,8 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
             key = "metric" if name == metric and i == 1 else name
             rec[key] = _parse(key, raw)
         rec.setdefault("metric", None)
+        for name in TAIL_COLUMNS:  # older and five-column ledgers: the newer figures are unknown
+            rec.setdefault(name, None)
         out.append(rec)
     return out
 

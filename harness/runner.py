@@ -140,7 +140,12 @@ def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, m
         status, reason = None, ""
         last_size, last_change = 0, start
         try:
-            while proc.poll() is None:
+            while True:
+                try:  # returns the moment the job exits
+                    proc.wait(timeout=POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
                 now = time.monotonic()
                 if now - start > kill_after_s:
                     status, reason = "timeout", f"still running after {kill_after_s:.0f}s (kill_after)"
@@ -151,7 +156,6 @@ def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, m
                 elif stall_after_s and now - last_change > stall_after_s:
                     status, reason = "timeout", f"no output for {stall_after_s:.0f}s (stall)"
                     break
-                time.sleep(POLL_S)
         finally:
             kill_group(proc)
     train_s = time.monotonic() - start

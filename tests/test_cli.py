@@ -1,0 +1,152 @@
+"""The `harness` command as a user runs it: refusals, run, step, status, init, Ctrl-C."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from harness import ledger
+from harness.cli import main
+
+from conftest import ROOT, git, make_repo
+
+
+def harness(*args: str, expect: int = 0):
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    assert result.exit_code == expect, result.output
+    return result
+
+
+def test_run_with_mutate_then_status(repo: Path):
+    harness("run", "--repo", str(repo), "--tag", "night", "--agent", "mutate", "--iterations", "4")
+    rows = ledger.read_rows(repo / "runs/night/results.tsv")
+    assert len(rows) == 5 and rows[0]["status"] == "keep"
+    assert all(r["agent"] == "mutate" for r in rows)
+    assert all("->" in r["description"] for r in rows[1:])
+    assert all(r["status"] in ("keep", "discard", "crash") for r in rows[1:])
+    out = harness("status", "night", "--repo", str(repo)).output
+    assert "experiments: 4" in out and "baseline val_bpb: 1.000000" in out
+    assert harness("status", "--repo", str(repo)).output == out  # the latest run by default
+    # The same seed proposes the same edits.
+    harness("run", "--repo", str(repo), "--tag", "again", "--agent", "mutate", "--iterations", "4")
+    again = ledger.read_rows(repo / "runs/again/results.tsv")
+    assert [r["description"] for r in again] == [r["description"] for r in rows]
+
+
+def test_step_runs_one_iteration_per_call(repo: Path):
+    for _ in range(3):
+        harness("step", "--repo", str(repo), "--tag", "s", "--agent", "mutate")
+    rows = ledger.read_rows(repo / "runs/s/results.tsv")
+    assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("setup,args,message", [
+    ("nogit", [], "is not a git repository"),
+    ("no_train", [], "train.py is not committed"),
+    ("no_prepare", [], "prepare.py is not committed"),
+    ("dirty", [], "uncommitted changes in train.py"),
+    ("branch", [], "already exists: pass --resume"),
+    ("none", ["--resume"], "nothing to resume"),
+    ("unknown_key", [], "unknown config key 'learning_rate'"),
+    ("bad_value", [], "'time_budget' must be a positive number"),
+    ("bad_toml", [], "is not valid TOML"),
+    ("none", ["--from", "nosuchrev"], "'nosuchrev' is not a commit"),
+    ("none", ["--agent", "gpt-robot"], "unknown agent 'gpt-robot'"),
+])
+def test_refusals_say_what_to_do(tmp_path: Path, setup: str, args: list[str], message: str):
+    repo = make_repo(tmp_path / "r")
+    if setup == "nogit":
+        import shutil
+        shutil.rmtree(repo / ".git")
+    elif setup == "no_train":
+        git(repo, "rm", "-q", "train.py")
+        git(repo, "commit", "-qm", "drop train.py")
+    elif setup == "no_prepare":
+        git(repo, "rm", "-q", "prepare.py")
+        git(repo, "commit", "-qm", "drop prepare.py")
+    elif setup == "dirty":
+        (repo / "train.py").write_text((repo / "train.py").read_text() + "\n# wip\n")
+    elif setup == "branch":
+        git(repo, "branch", "autoresearch/t")
+    elif setup in ("unknown_key", "bad_value", "bad_toml"):
+        extra = {"unknown_key": "learning_rate = 0.1\n", "bad_value": "", "bad_toml": "time_budget = [\n"}[setup]
+        text = (repo / "harness.toml").read_text() + extra
+        if setup == "bad_value":
+            text = text.replace("time_budget = 5", "time_budget = -1")
+        (repo / "harness.toml").write_text(text)
+    before = git(repo, "status", "--porcelain") if setup != "nogit" else ""
+    result = harness("run", "--repo", str(repo), "--tag", "t", "--iterations", "1", *args, expect=1)
+    assert message in result.output
+    if setup != "nogit":
+        assert git(repo, "status", "--porcelain") == before  # nothing touched
+        assert not (repo / "runs/t/results.tsv").exists() or setup == "branch"
+
+
+def test_ctrl_c_during_training_then_resume(tmp_path: Path):
+    """A real SIGINT to a real `harness run` while a candidate trains: nothing lost, HEAD at best."""
+    source = (ROOT / "tests/fake_train.py").read_text().replace("SLEEP_S = 0.0", "SLEEP_S = 1.0")
+    repo = make_repo(tmp_path / "r", train_source=source)
+    cmd = [sys.executable, "-m", "harness", "run", "--repo", str(repo), "--tag", "c",
+           "--agent", "mutate", "--iterations", "3"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = repo / "runs/c/logs/iter-0001.log"
+    deadline = time.monotonic() + 30
+    while not log.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert log.exists(), proc.communicate(timeout=10)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, errtext = proc.communicate(timeout=30)
+    assert proc.returncode == 0, errtext
+    assert "interrupted" in errtext
+    rows = ledger.read_rows(repo / "runs/c/results.tsv")
+    assert [r["status"] for r in rows] == ["keep", "crash"]
+    assert "interrupted" in rows[1]["description"] and rows[1]["commit"]
+    wt = repo / "runs/c/worktree"
+    assert git(wt, "rev-parse", "HEAD").startswith(rows[0]["commit"])
+    assert git(wt, "status", "--porcelain") == ""
+    # No training job survives the supervisor.
+    assert subprocess.run(["pgrep", "-f", str(wt / "train.py")], capture_output=True).returncode != 0
+    subprocess.run(cmd + ["--resume"], env=env, check=True, capture_output=True, timeout=60)
+    rows = ledger.read_rows(repo / "runs/c/results.tsv")
+    assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
+
+
+def test_init_existing_repo_and_karpathy_checkout(tmp_path: Path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "train.py").write_text("print('hi')\n")
+    harness("init", "--repo", str(plain))
+    assert 'train_command = "python train.py"' in (plain / "harness.toml").read_text()
+    assert "{{RESULTS}}" in (plain / "program.md").read_text()
+    # A karpathy/autoresearch-style checkout: uv project, prepare.py, its own program.md.
+    kp = tmp_path / "kp"
+    kp.mkdir()
+    for name in ("train.py", "prepare.py", "uv.lock"):
+        (kp / name).write_text("# x\n")
+    (kp / "program.md").write_text("# autoresearch\n")
+    (kp / "pyproject.toml").write_text('[project]\nname = "autoresearch"\nversion = "0.1.0"\n')
+    harness("init", "--repo", str(kp))
+    text = (kp / "pyproject.toml").read_text()
+    assert 'train_command = "uv run train.py"' in text and 'protected = ["prepare.py"]' in text
+    assert (kp / "program.md").read_text() == "# autoresearch\n"
+    from harness.config import resolve
+    cfg = resolve(kp, "x", {})
+    assert cfg.train_command == "uv run train.py" and cfg.protected == ("prepare.py",)
+    harness("init", "--repo", str(tmp_path / "missing"), expect=1)
+
+
+def test_init_example_creates_a_ready_repo(tmp_path: Path):
+    dest = tmp_path / "example"
+    harness("init", "--example", str(dest))
+    for name in ("train.py", "prepare.py", "program.md", "data/shakespeare.txt.xz", "harness.toml"):
+        assert (dest / name).exists(), name
+    assert git(dest, "status", "--porcelain") == ""
+    harness("init", "--example", str(dest), expect=1)  # not empty any more
