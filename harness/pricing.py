@@ -18,17 +18,43 @@ else:  # pragma: no cover
 
 from .errors import ConfigError
 
+_prices_file: str | None = None  # set by --prices for this process; else $HARNESS_PRICES
+
+
+def set_prices_file(path: str | Path | None) -> None:
+    """Use the user's price file (over the packaged table) for the rest of this process."""
+    global _prices_file
+    if path is not None:
+        path = str(Path(path).expanduser().resolve())
+        load_table(path)  # fail now, with a clear message, not in the middle of a run
+    _prices_file = path
+
+
+def user_file(path: str | None = None) -> str | None:
+    """The override in effect: an explicit path, then --prices, then $HARNESS_PRICES."""
+    return path or _prices_file or os.environ.get("HARNESS_PRICES") or None
+
+
+def load_table(path: str | None = None) -> dict[str, Any]:
+    """The packaged table, overlaid with a user's file (explicit path, --prices, $HARNESS_PRICES)."""
+    return _load(user_file(path))
+
 
 @lru_cache(maxsize=8)
-def load_table(path: str | None = None) -> dict[str, Any]:
-    """The packaged table, overlaid with a user's file (explicit path, then $HARNESS_PRICES)."""
+def _load(user: str | None) -> dict[str, Any]:
     table = tomllib.loads(resources.files("harness").joinpath("models.toml").read_text())
-    user = path or os.environ.get("HARNESS_PRICES")
     if user:
         try:
             extra = tomllib.loads(Path(user).read_text())
         except (OSError, tomllib.TOMLDecodeError) as e:
-            raise ConfigError(f"price file {user}: {e}") from e
+            raise ConfigError(f"price file {user}: {e}. It is TOML like harness/models.toml: "
+                              f"[aliases] name = \"model\" and [models.\"model\"] input/cached_input/output "
+                              f"in USD per 1M tokens.") from e
+        for name, entry in extra.get("models", {}).items():
+            if not isinstance(entry, dict) or not all(isinstance(entry.get(k), (int, float))
+                                                      for k in ("input", "output")):
+                raise ConfigError(f"price file {user}: [models.\"{name}\"] needs numeric input and "
+                                  f"output prices (USD per 1M tokens); cached_input is optional.")
         table.setdefault("aliases", {}).update(extra.get("aliases", {}))
         table.setdefault("models", {}).update(extra.get("models", {}))
     return table

@@ -6,9 +6,14 @@ trains or judges: the step does.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+# Why an invocation failed, for `harness check` to tell the user what to fix.
+ERROR_KINDS = ("missing_key", "auth", "not_found", "rate_limit", "not_logged_in", "timeout",
+               "server", "connection", "bad_request", "agent")
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,7 @@ class Proposal:
     agent_s: float = 0.0  # s of wall time for the invocation
     retries: int = 0
     error: str | None = None  # the invocation failed; the step records it as a crash
+    error_kind: str | None = None  # one of ERROR_KINDS when error is set
 
 
 class Researcher(Protocol):
@@ -57,3 +63,16 @@ class Researcher(Protocol):
     def describe(self) -> dict[str, Any]:
         """Settings for the run manifest (never a key)."""
         ...
+
+
+def key_fingerprint(key: str | None) -> str | None:
+    """A short, one-way fingerprint of a key for the manifest: the key itself is never stored."""
+    return hashlib.sha256(key.encode()).hexdigest()[:8] if key else None
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of text (an agent's one-line description), stripped."""
+    for line in reversed((text or "").splitlines()):
+        if line.strip():
+            return line.strip()
+    return ""

@@ -22,6 +22,8 @@ LOG_SIGMA = 0.5  # std of the log-scale step for floats (factor ~1.6 at one sigm
 TWO_KNOB_P = 0.3  # probability of changing two globals at once
 MAX_DRAWS = 200  # attempts to find a candidate not tried before
 FRACTION_HINTS = ("FRAC", "RATIO", "DROPOUT", "BETA", "MOMENTUM", "DECAY_RATE")
+# Globals that change logging or safety limits, not the result: mutating them wastes a run.
+SKIP_HINTS = ("LOG", "EVERY", "SEED", "FAIL", "PRINT", "VERBOSE")
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,8 @@ def find_knobs(path: str, source: str) -> list[Knob]:
             continue
         raw = m["value"].replace("_", "")
         is_int = re.fullmatch(r"[-+]?\d+", raw) is not None
+        if any(h in m["name"] for h in SKIP_HINTS):
+            continue
         knobs.append(Knob(path, i, m["name"], float(raw), is_int))
     return knobs
 

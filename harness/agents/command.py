@@ -1,0 +1,100 @@
+"""`--agent cmd:TEMPLATE`: any command as a researcher.
+
+The template is split like a shell would (shlex) but never run through one; `{workdir}`,
+`{prompt_file}` and `{model}` are substituted inside each argument. The command runs in
+the worktree and edits it in place. If its last stdout line is a JSON object, its
+`input_tokens`, `cached_tokens`, `output_tokens`, `cost_usd` and `description` are used;
+otherwise the last non-empty stdout line is the description.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import AgentError
+from .base import Proposal, Task, Usage, last_line
+from .process import classify, find_executable, run_agent
+
+PLACEHOLDERS = ("{workdir}", "{prompt_file}", "{model}")
+
+
+@dataclass
+class CommandOutput:
+    usage: Usage
+    description: str
+
+
+def _int(value: Any) -> int:
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError):
+        return 0
+
+
+def parse_command_output(stdout: str) -> CommandOutput:
+    """Usage and description from the command's stdout (pure)."""
+    line = last_line(stdout)
+    if line.startswith("{"):
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError:
+            data = None
+        if isinstance(data, dict):
+            cost = data.get("cost_usd")
+            try:
+                cost = None if cost is None else float(cost)
+            except (TypeError, ValueError):
+                cost = None
+            usage = Usage(_int(data.get("input_tokens")), _int(data.get("cached_tokens")),
+                          _int(data.get("output_tokens")), cost)
+            description = str(data.get("description") or "")
+            if not description:  # the line before the JSON, if any
+                description = last_line(stdout.strip()[: -len(line)]) if stdout.strip() != line else ""
+            return CommandOutput(usage, description)
+    return CommandOutput(Usage(), line)
+
+
+def render_argv(template: str, workdir: Path, prompt_file: Path, model: str | None) -> list[str]:
+    values = {"{workdir}": str(workdir), "{prompt_file}": str(prompt_file), "{model}": model or ""}
+    argv = []
+    for arg in shlex.split(template):
+        for key, value in values.items():
+            arg = arg.replace(key, value)
+        argv.append(arg)
+    return argv
+
+
+class CommandResearcher:
+    name = "cmd"
+
+    def __init__(self, template: str, model: str | None = None):
+        try:
+            argv = shlex.split(template)
+        except ValueError as e:
+            raise AgentError(f"cannot split the command template {template!r}: {e}") from None
+        if not argv:
+            raise AgentError("--agent cmd: needs a command, e.g. --agent 'cmd:my-agent {prompt_file}'.")
+        if "/" not in argv[0]:
+            find_executable(argv[0], "Check the command in --agent cmd:TEMPLATE.")
+        elif not Path(argv[0]).exists():
+            raise AgentError(f"{argv[0]} does not exist; check the command in --agent cmd:TEMPLATE.")
+        self.template = template
+        self.model = model
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": "cmd", "model": self.model, "template": self.template, "key_fingerprint": None}
+
+    def propose(self, task: Task) -> Proposal:
+        # The prompt file lives next to the log, outside the worktree (it is not a change).
+        prompt_file = task.log_path.parent / f"iter-{task.iteration:04d}-prompt.md"
+        prompt_file.parent.mkdir(parents=True, exist_ok=True)
+        prompt_file.write_text(task.prompt)
+        argv = render_argv(self.template, task.worktree, prompt_file, self.model)
+        result = run_agent(argv, task.worktree, task.timeout_s, task.log_path, stdin_text=task.prompt)
+        out = parse_command_output(result.stdout)
+        error = result.failure(Path(argv[0]).name, task.timeout_s)
+        kind = None if not error else "timeout" if result.timed_out else classify(error)
+        return Proposal(out.description, out.usage, result.agent_s, error=error, error_kind=kind)

@@ -1,0 +1,153 @@
+"""`harness check`: the smoke test before a night.
+
+One researcher call in a throwaway worktree (a detached `git worktree` in a temporary
+folder, removed afterwards; nothing is committed) and one baseline training run. It
+measures what a night costs and fails fast, with a message that says what to fix.
+"""
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import git
+
+from . import pricing, prompt
+from .agents import Proposal, Task, make_researcher
+from .config import RunConfig
+from .errors import HarnessError
+from .gitgate import GitGate
+from .loop import program_text
+from .runner import tail
+from .step import evaluate
+
+
+class CheckError(HarnessError):
+    """The check failed; the message says what to fix."""
+
+
+HELP = {
+    "missing_key": "missing key: set the backend's API key in the environment.",
+    "auth": "the key was rejected (401/403): check that {key_var} holds a valid key for {where}.",
+    "not_found": "not found (404): the base URL or the model is wrong. Check --base-url {where} (most "
+                 "servers want the /v1 suffix) and --model {model}.",
+    "not_logged_in": "the {agent} CLI is not logged in: run `{agent}` once and log in, or set its API key.",
+    "rate_limit": "rate limited (429): wait and try again, or check the account's rate limits, plan "
+                  "and credit.",
+    "timeout": "no answer within the time limit (--agent-timeout {timeout:g}s, --request-timeout): "
+               "is {where} reachable and the model this slow?",
+    "connection": "cannot connect to {where}: check --base-url and that the server is running.",
+    "server": "the server failed (5xx): try again later, or another --base-url.",
+    "bad_request": "the server refused the request (400): does the model support the options given "
+                   "(--temperature, --reasoning-effort, --wire-api)?",
+    "agent": "the researcher failed.",
+}
+
+
+@dataclass
+class CheckReport:
+    agent: str
+    model: str | None
+    agent_s: float
+    input_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    cost_usd: float | None
+    retries: int
+    description: str
+    changed: list[str]
+    train_s: float
+    metric: str
+    value: float | None
+    hours: float
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def iteration_s(self) -> float:
+        return self.agent_s + self.train_s
+
+    @property
+    def iterations(self) -> int:
+        return math.floor(self.hours * 3600 / self.iteration_s) if self.iteration_s > 0 else 0
+
+    @property
+    def night_cost_usd(self) -> float | None:
+        return None if self.cost_usd is None else self.cost_usd * self.iterations
+
+
+def explain(proposal: Proposal, researcher, cfg: RunConfig) -> str:
+    settings = researcher.describe()
+    where = settings.get("base_url") or f"the {researcher.name} CLI"
+    key_var = {"claude": "ANTHROPIC_API_KEY"}.get(researcher.name, "OPENAI_API_KEY")
+    text = HELP.get(proposal.error_kind or "agent", HELP["agent"]).format(
+        agent=researcher.name, model=researcher.model, where=where, key_var=key_var,
+        timeout=cfg.agent_timeout)
+    if proposal.error_kind == "auth" and not settings.get("key_fingerprint"):
+        text += f" (no {key_var} is set)"
+    return f"{text}\n  {proposal.error}"
+
+
+def run_check(cfg: RunConfig, hours: float) -> CheckReport:
+    """One researcher call and one baseline run; raise CheckError with what to fix."""
+    options = dict(cfg.agent_options)
+    if cfg.agent == "openai":
+        options.setdefault("max_retries", 0)  # a smoke test reports a 429 instead of waiting it out
+    researcher = make_researcher(cfg.agent, cfg.model, options)
+    gate = GitGate(cfg.repo)
+    base = gate.require_commit(cfg.from_rev)
+    tmp = Path(tempfile.mkdtemp(prefix="harness-check-"))
+    worktree = tmp / "worktree"
+    try:
+        gate.repo.git.worktree("add", "--detach", str(worktree), base)
+        text = prompt.render(program_text(cfg, gate, base), metric=cfg.metric, direction=cfg.direction,
+                             best=None, rows=[], history_rows=cfg.history_rows, last_failure="",
+                             editable=cfg.editable)
+        task = Task(worktree=worktree, prompt=text, editable=cfg.editable, timeout_s=cfg.agent_timeout,
+                    log_path=tmp / "agent.log", iteration=1, seed=cfg.seed)
+        proposal = researcher.propose(task)
+        if proposal.error:
+            raise CheckError(explain(proposal, researcher, cfg))
+        changed = git.Repo(worktree).git.status("--porcelain").splitlines()
+        gate.repo.git.execute(["git", "-C", str(worktree), "reset", "-q", "--hard", base])
+        gate.repo.git.execute(["git", "-C", str(worktree), "clean", "-q", "-fd"])
+        result = evaluate(cfg, worktree, tmp / "train.log", cfg.seed)
+        if result.status != "ok":
+            raise CheckError(f"the baseline training run failed ({result.status}: {result.reason}). "
+                             f"Its log ends:\n{tail(tmp / 'train.log', 1500)}")
+    except git.GitCommandError as e:
+        raise CheckError(f"could not make a throwaway worktree of {cfg.repo}: {e}") from None
+    finally:
+        try:
+            gate.repo.git.worktree("remove", "--force", str(worktree))
+        except git.GitCommandError:
+            pass
+        shutil.rmtree(tmp, ignore_errors=True)
+        gate.prune()
+    usage = proposal.usage
+    model = pricing.resolve_model(cfg.model)
+    cost = usage.cost_usd if usage.cost_usd is not None else pricing.cost_usd(
+        model, usage.input_tokens, usage.cached_tokens, usage.output_tokens)
+    return CheckReport(agent=researcher.name, model=model, agent_s=proposal.agent_s,
+                       input_tokens=usage.input_tokens, cached_tokens=usage.cached_tokens,
+                       output_tokens=usage.output_tokens, cost_usd=cost, retries=proposal.retries,
+                       description=proposal.description, changed=[c[3:] for c in changed],
+                       train_s=result.train_s, metric=cfg.metric, value=result.value(cfg.metric),
+                       hours=hours, settings=researcher.describe())
+
+
+def render(r: CheckReport) -> str:
+    cost = "unknown (no price for this model; add one with --prices)" if r.cost_usd is None else f"${r.cost_usd:.4f}"
+    night = "unknown" if r.night_cost_usd is None else f"${r.night_cost_usd:.2f}"
+    where = r.settings.get("base_url") or r.settings.get("executable") or ""
+    return "\n".join([
+        f"researcher  {r.agent} {r.model or '(default model)'} {where}".rstrip(),
+        f"  latency   {r.agent_s:.1f} s per call ({r.retries} retries)",
+        f"  tokens    input {r.input_tokens} (cached {r.cached_tokens}), output {r.output_tokens} per call",
+        f"  cost      {cost} per call",
+        f"  edit      {', '.join(r.changed) or 'no file changed'}: {r.description or '(no description)'}",
+        f"training    {r.train_s:.1f} s wall, {r.metric} {'-' if r.value is None else f'{r.value:.6f}'}",
+        f"night       {r.hours:g} h / {r.iteration_s:.1f} s per iteration = about {r.iterations} iterations, "
+        f"cost {night}",
+    ])

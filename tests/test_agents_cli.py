@@ -1,0 +1,176 @@
+"""CLI researchers end to end: stand-in `codex` and `claude` on PATH, and `cmd:TEMPLATE`."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import pricing
+from harness.agents import make_researcher
+from harness.errors import AgentError
+from fakes.helpers import harness, install_stand_ins, rows
+
+
+@pytest.fixture(autouse=True)
+def agents_env(monkeypatch, tmp_path):
+    """Stand-ins first on PATH, a throwaway HOME, and files that script and record their calls."""
+    bin_dir = install_stand_ins(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FAKE_AGENT_SCRIPT", str(tmp_path / "script.txt"))
+    monkeypatch.setenv("FAKE_AGENT_CALLS", str(tmp_path / "calls.jsonl"))
+    monkeypatch.setenv("FAKE_AGENT_PID_FILE", str(tmp_path / "grandchild.pid"))
+    for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "CODEX_API_KEY", "HARNESS_PRICES"):
+        monkeypatch.delenv(name, raising=False)
+    yield tmp_path
+    pricing.set_prices_file(None)
+
+
+def script(tmp_path: Path, *modes: str) -> None:
+    (tmp_path / "script.txt").write_text("".join(m + "\n" for m in modes))
+
+
+def calls(tmp_path: Path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_codex_usage_from_the_last_turn_timeout_kills_the_group(repo: Path, agents_env: Path):
+    script(agents_env, "edit", "hang", "fail", "edit")
+    started = time.monotonic()
+    result = harness(["run", "--repo", repo, "--tag", "cx", "--agent", "codex", "--model", "spark",
+                      "--iterations", 4, "--agent-timeout", 2])
+    assert result.exit_code == 0, result.output
+    assert time.monotonic() - started < 25
+    ledger = rows(repo, "cx")
+    assert [r["status"] for r in ledger] == ["keep", "keep", "crash", "crash", "keep"]
+    by = {r["iteration"]: r for r in ledger}
+    # Usage is the last turn.completed (cumulative), not a sum of both.
+    assert (by[1]["input_tokens"], by[1]["cached_tokens"], by[1]["output_tokens"]) == (24763, 24448, 422)
+    assert by[1]["model"] == "gpt-5.3-codex-spark" and by[1]["cost_usd"] is None  # no published price
+    assert by[1]["description"] == "lower VALUE to 0.9"
+    assert "did not finish within 2s" in by[2]["description"] and by[2]["agent_s"] < 10
+    assert "429 Too Many Requests" in by[3]["description"]
+    assert by[4]["metric"] == pytest.approx(0.8)
+    grandchild = int((agents_env / "grandchild.pid").read_text())
+    assert not alive(grandchild)  # it ignored SIGTERM: only killing the group stops it
+    first = calls(agents_env)[0]
+    argv = first["argv"][1:]
+    worktree = str(repo / "runs" / "cx" / "worktree")
+    assert argv[:2] == ["exec", "--json"] and argv[-1] == "-"
+    assert argv[argv.index("-m") + 1] == "gpt-5.3-codex-spark"
+    assert argv[argv.index("--sandbox") + 1] == "workspace-write" and "--ephemeral" in argv
+    assert argv[argv.index("-C") + 1] == worktree and first["prompt_chars"] > 100
+    log = (repo / "runs" / "cx" / "logs" / "iter-0001-agent.log").read_text()
+    assert '"type": "turn.completed"' in log and "exit code 0" in log
+
+
+def test_claude_not_logged_in_is_a_crash_then_edits_with_reported_cost(repo: Path, agents_env: Path):
+    script(agents_env, "not_logged_in", "edit")
+    result = harness(["run", "--repo", repo, "--tag", "cl", "--agent", "claude", "--model", "sonnet",
+                      "--iterations", 2])
+    assert result.exit_code == 0, result.output
+    ledger = rows(repo, "cl")
+    assert [r["status"] for r in ledger] == ["keep", "crash", "keep"]
+    assert "Invalid API key · Please run /login" in ledger[1]["description"]
+    row = ledger[2]
+    assert (row["input_tokens"], row["cached_tokens"], row["output_tokens"]) == (12 + 3000 + 15000, 15000, 450)
+    assert row["cost_usd"] == pytest.approx(0.0421)  # reported by claude, used as-is
+    assert row["description"] == "lower VALUE to 0.95" and row["model"] == "claude-sonnet-4-6"
+    first = calls(agents_env)[0]
+    assert first["argv"][1:] == ["-p", "--output-format", "json", "--permission-mode", "acceptEdits",
+                                 "--model", "claude-sonnet-4-6"]
+    assert first["cwd"] == str(repo / "runs" / "cl" / "worktree")
+
+
+def test_claude_hang_is_killed_at_the_timeout(repo: Path, agents_env: Path):
+    script(agents_env, "hang")
+    result = harness(["run", "--repo", repo, "--tag", "ch", "--agent", "claude", "--iterations", 1,
+                      "--agent-timeout", 1])
+    assert result.exit_code == 0, result.output
+    row = rows(repo, "ch")[1]
+    assert row["status"] == "crash" and "did not finish within 1s" in row["description"]
+    assert row["agent_s"] < 8
+
+
+def test_cmd_template_with_a_json_usage_line(repo: Path, tmp_path: Path):
+    agent = tmp_path / "my_agent.py"
+    agent.write_text(
+        "import json, re, sys\n"
+        "workdir, prompt_file, model = sys.argv[1:4]\n"
+        "assert 'val_bpb' in open(prompt_file).read()\n"
+        "path = workdir + '/train.py'\n"
+        "src = open(path).read()\n"
+        "open(path, 'w').write(re.sub(r'^VALUE = .*$', 'VALUE = 0.5', src, count=1, flags=re.M))\n"
+        "print('thinking...')\n"
+        "print(json.dumps({'input_tokens': 321, 'cached_tokens': 21, 'output_tokens': 43,\n"
+        "                  'cost_usd': 0.0123, 'description': 'VALUE to 0.5 with ' + model}))\n")
+    template = f"cmd:{sys.executable} {agent} {{workdir}} {{prompt_file}} {{model}}"
+    result = harness(["run", "--repo", repo, "--tag", "cmd", "--agent", template, "--model", "m1",
+                      "--iterations", 1])
+    assert result.exit_code == 0, result.output
+    row = rows(repo, "cmd")[1]
+    assert row["status"] == "keep" and row["agent"] == "cmd"
+    assert (row["input_tokens"], row["cached_tokens"], row["output_tokens"]) == (321, 21, 43)
+    assert row["cost_usd"] == pytest.approx(0.0123) and row["description"] == "VALUE to 0.5 with m1"
+    assert (repo / "runs" / "cmd" / "logs" / "iter-0001-prompt.md").exists()
+
+
+def test_cmd_template_plain_output_and_failure(repo: Path, tmp_path: Path):
+    agent = tmp_path / "plain.py"
+    agent.write_text(
+        "src = open('train.py').read()\n"
+        "open('train.py', 'w').write(src.replace('VALUE = 1.0', 'VALUE = 2.0', 1))\n"
+        "print('raised VALUE\\n')\n")
+    result = harness(["run", "--repo", repo, "--tag", "plain", "--agent", f"cmd:{sys.executable} {agent}",
+                      "--iterations", 1])
+    assert result.exit_code == 0, result.output
+    row = rows(repo, "plain")[1]
+    assert row["status"] == "discard" and row["description"] == "raised VALUE"
+    assert row["input_tokens"] == 0 and row["cost_usd"] is None
+    failing = f"cmd:{sys.executable} -c \"import sys; print('no quota left', file=sys.stderr); sys.exit(3)\""
+    result = harness(["run", "--repo", repo, "--tag", "fail", "--agent", failing, "--iterations", 2])
+    assert result.exit_code == 0, result.output
+    assert [r["status"] for r in rows(repo, "fail")] == ["keep", "crash", "crash"]
+    assert "exited with code 3: no quota left" in rows(repo, "fail")[1]["description"]
+
+
+def test_check_says_the_cli_is_not_logged_in(repo: Path, agents_env: Path):
+    script(agents_env, "not_logged_in")
+    result = harness(["check", "--repo", repo, "--agent", "claude"])
+    assert result.exit_code == 1
+    assert "the claude CLI is not logged in" in result.output
+    script(agents_env, "edit")
+    result = harness(["check", "--repo", repo, "--agent", "claude", "--hours", 1])
+    assert result.exit_code == 0, result.output
+    assert "$0.0421 per call" in result.stdout and "iterations" in result.stdout
+
+
+def test_registry_errors_say_what_to_do(monkeypatch, tmp_path: Path):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(AgentError, match="npm install -g @openai/codex"):
+        make_researcher("codex", "gpt-5.3-codex")
+    with pytest.raises(AgentError, match="claude-code"):
+        make_researcher("claude", None)
+    with pytest.raises(AgentError, match="unknown agent 'gemini'.*openai, codex, claude"):
+        make_researcher("gemini", None)
+    with pytest.raises(AgentError, match="--agent openai needs --model"):
+        make_researcher("openai", None, {"base_url": "http://127.0.0.1:9/v1"})
+    with pytest.raises(AgentError, match="--temperature does not apply to --agent mutate"):
+        make_researcher("mutate", None, {"temperature": 0.5})
+    with pytest.raises(AgentError, match="not on PATH"):
+        make_researcher("cmd:no-such-agent-command {prompt_file}", None)

@@ -1,0 +1,213 @@
+"""Pure parsers of agent output, tested on strings: edit blocks, codex JSONL, claude JSON, cmd output."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness import pricing
+from harness.agents import routing_mismatch
+from harness.agents.claude import parse_claude_result
+from harness.agents.codex import parse_codex_events
+from harness.agents.command import parse_command_output, render_argv
+from harness.agents.edits import EditError, apply_edits, parse_blocks
+from harness.agents.openai_api import chat_usage, responses_text, responses_usage
+from harness.agents.process import classify
+
+TRAIN = """import math
+
+LR = 3e-3  # learning rate
+BATCH = 32
+
+
+def lr_at(step):
+    if step < 100:
+        return LR * step / 100
+    return LR
+"""
+
+
+def block(search: str, replace: str, path: str = "train.py") -> str:
+    return f"{path}\n<<<<<<< SEARCH\n{search}=======\n{replace}>>>>>>> REPLACE\n"
+
+
+# ---------------------------------------------------------------------------
+# SEARCH/REPLACE
+
+
+def test_apply_one_block_and_the_description_is_the_last_line():
+    answer = "I think a higher LR helps.\n\n```python\n" + block("LR = 3e-3  # learning rate\n",
+                                                              "LR = 6e-3  # learning rate\n") + "```\n\nDouble LR to 6e-3\n"
+    changed, description = apply_edits({"train.py": TRAIN}, answer)
+    assert changed == {"train.py": TRAIN.replace("LR = 3e-3", "LR = 6e-3")}
+    assert description == "Double LR to 6e-3"
+
+
+def test_several_blocks_apply_in_order_and_a_path_is_optional_with_one_file():
+    answer = ("<<<<<<< SEARCH\nBATCH = 32\n=======\nBATCH = 64\n>>>>>>> REPLACE\n" +
+              block("BATCH = 64\n", "BATCH = 128\n") + "**Description:** batch 128")
+    changed, description = apply_edits({"train.py": TRAIN}, answer)
+    assert "BATCH = 128\n" in changed["train.py"]
+    assert description == "batch 128"
+
+
+def test_trailing_whitespace_and_lost_indentation_are_tolerated():
+    search = "if step < 100:\n    return LR * step / 100\n"  # the model dropped 4 spaces
+    replace = "if step < 200:\n    return LR * step / 200\n"
+    changed, _ = apply_edits({"train.py": TRAIN}, block(search, replace) + "longer warmup")
+    assert "    if step < 200:\n        return LR * step / 200\n" in changed["train.py"]
+    changed, _ = apply_edits({"train.py": TRAIN}, block("BATCH = 32   \n", "BATCH = 16\n") + "smaller")
+    assert "BATCH = 16\n" in changed["train.py"]
+
+
+def test_empty_search_or_a_fenced_file_replaces_the_whole_file():
+    changed, _ = apply_edits({"train.py": TRAIN}, block("", "print('new')\n") + "rewrite")
+    assert changed == {"train.py": "print('new')\n"}
+    changed, description = apply_edits({"train.py": TRAIN}, "train.py\n```python\nX = 1\n```\nsimplify")
+    assert changed == {"train.py": "X = 1\n"} and description == "simplify"
+
+
+def test_a_search_that_does_not_match_says_so_and_shows_the_closest_lines():
+    with pytest.raises(EditError) as e:
+        apply_edits({"train.py": TRAIN}, block("LR = 3e-4  # learning rate\n", "LR = 1e-3\n") + "x")
+    text = str(e.value)
+    assert "no file was changed" in text and "does not match train.py" in text
+    assert "LR = 3e-3  # learning rate" in text  # the hint
+    assert "Send all of your SEARCH/REPLACE blocks again" in text
+
+
+def test_ambiguous_out_of_scope_no_block_and_no_change_are_errors():
+    with pytest.raises(EditError, match="matches 2 places"):
+        apply_edits({"train.py": "A = 1\nB = 2\nA = 1\n"}, block("A = 1\n", "A = 3\n") + "x")
+    with pytest.raises(EditError, match="prepare.py, which you may not edit; you may edit only: train.py"):
+        apply_edits({"train.py": TRAIN}, block("EVAL = 1\n", "EVAL = 2\n", "prepare.py") + "x")
+    with pytest.raises(EditError, match="no SEARCH/REPLACE block"):
+        apply_edits({"train.py": TRAIN}, "I would raise the learning rate.")
+    with pytest.raises(EditError, match="leaves every file exactly as it was"):
+        apply_edits({"train.py": TRAIN}, block("BATCH = 32\n", "BATCH = 32\n") + "x")
+    with pytest.raises(EditError, match="no ======= line"):
+        parse_blocks("train.py\n<<<<<<< SEARCH\nBATCH = 32\n>>>>>>> REPLACE\n")
+    with pytest.raises(EditError, match="no >>>>>>> REPLACE line"):
+        parse_blocks("train.py\n<<<<<<< SEARCH\nBATCH = 32\n=======\nBATCH = 1\n")
+
+
+def test_one_failing_block_changes_nothing_and_two_files_need_paths():
+    answer = block("BATCH = 32\n", "BATCH = 64\n") + block("NOPE\n", "YES\n") + "two edits"
+    with pytest.raises(EditError) as e:
+        apply_edits({"train.py": TRAIN}, answer)
+    assert "block at line 8" in str(e.value) and "block at line 2" not in str(e.value)
+    files = {"train.py": TRAIN, "model.py": "DEPTH = 4\n"}
+    with pytest.raises(EditError, match="no file path"):
+        apply_edits(files, "<<<<<<< SEARCH\nDEPTH = 4\n=======\nDEPTH = 6\n>>>>>>> REPLACE\ndeeper")
+    changed, _ = apply_edits(files, block("DEPTH = 4\n", "DEPTH = 6\n", "`./model.py`") + "deeper")
+    assert changed == {"model.py": "DEPTH = 6\n"}
+
+
+# ---------------------------------------------------------------------------
+# The wire formats
+
+
+def test_usage_from_the_responses_and_chat_shapes():
+    data = {"output": [{"type": "reasoning", "summary": []},
+                       {"type": "message", "content": [{"type": "output_text", "text": "hello"}]}],
+            "usage": {"input_tokens": 1000, "input_tokens_details": {"cached_tokens": 600},
+                      "output_tokens": 300, "output_tokens_details": {"reasoning_tokens": 250},
+                      "total_tokens": 1300}}
+    assert responses_text(data) == "hello"
+    usage = responses_usage(data)
+    assert (usage.input_tokens, usage.cached_tokens, usage.output_tokens) == (1000, 600, 300)  # reasoning not added
+    chat = {"usage": {"prompt_tokens": 50, "completion_tokens": 7, "prompt_tokens_details": None}}
+    assert (chat_usage(chat).input_tokens, chat_usage(chat).cached_tokens, chat_usage(chat).output_tokens) == (50, 0, 7)
+
+
+CODEX = "\n".join(json.dumps(e) for e in [
+    {"type": "thread.started", "thread_id": "th_1"},
+    {"type": "turn.started"},
+    {"type": "item.completed", "item": {"id": "item_0", "type": "reasoning", "text": "thinking"}},
+    {"type": "item.completed", "item": {"id": "item_1", "type": "agent_message", "text": "first"}},
+    {"type": "turn.completed", "usage": {"input_tokens": 100, "cached_input_tokens": 50, "output_tokens": 10}},
+    {"type": "error", "message": "Reconnecting... 1/5"},
+    {"type": "turn.started"},
+    {"type": "item.completed", "item": {"id": "item_2", "type": "agent_message", "text": "Done.\n\nraise LR\n"}},
+    {"type": "turn.completed", "usage": {"input_tokens": 300, "cached_input_tokens": 200, "output_tokens": 40}},
+])
+
+
+def test_codex_events_last_turn_usage_final_message_and_errors():
+    run = parse_codex_events("warning: not json\n" + CODEX + "\n")
+    assert (run.usage.input_tokens, run.usage.cached_tokens, run.usage.output_tokens) == (300, 200, 40)
+    assert run.description == "raise LR" and run.error is None and run.thread_id == "th_1"
+    failed = parse_codex_events(CODEX + "\n" + json.dumps(
+        {"type": "turn.failed", "error": {"message": "stream error: 401 Unauthorized"}}))
+    assert failed.error == "stream error: 401 Unauthorized" and classify(failed.error) == "auth"
+    assert parse_codex_events(json.dumps({"type": "error", "message": "boom"})).error == "boom"
+    assert parse_codex_events("").usage.input_tokens == 0
+
+
+def test_claude_result_usage_cost_and_not_logged_in():
+    ok = {"type": "result", "subtype": "success", "is_error": False, "result": "Edited.\nuse AdamW",
+          "total_cost_usd": 0.25, "usage": {"input_tokens": 5, "cache_creation_input_tokens": 100,
+                                            "cache_read_input_tokens": 1000, "output_tokens": 70}}
+    run = parse_claude_result(json.dumps(ok))
+    assert (run.usage.input_tokens, run.usage.cached_tokens, run.usage.output_tokens) == (1105, 1000, 70)
+    assert run.usage.cost_usd == 0.25 and run.description == "use AdamW" and run.error is None
+    login = dict(ok, is_error=True, result="Invalid API key · Please run /login", total_cost_usd=0,
+                 usage={})
+    run = parse_claude_result("some banner\n" + json.dumps(login))
+    assert run.error == "Invalid API key · Please run /login" and classify(run.error) == "not_logged_in"
+    assert parse_claude_result("Error: something").error == "claude printed no JSON result object"
+    assert parse_claude_result(json.dumps(dict(ok, subtype="error_max_turns"))).error == "Edited.\nuse AdamW"
+
+
+def test_command_output_and_argv_substitution(tmp_path):
+    out = parse_command_output('working\n{"input_tokens": 10, "cached_tokens": 4, "output_tokens": 3, "cost_usd": 0.5}\n')
+    assert (out.usage.input_tokens, out.usage.cached_tokens, out.usage.output_tokens, out.usage.cost_usd) == (10, 4, 3, 0.5)
+    assert out.description == "working"
+    plain = parse_command_output("step 1\nset dropout 0.1\n\n")
+    assert plain.description == "set dropout 0.1" and plain.usage.cost_usd is None
+    argv = render_argv("agent --dir={workdir} 'a b' {prompt_file} -m {model}", tmp_path / "w", tmp_path / "p.md", "m1")
+    assert argv == ["agent", f"--dir={tmp_path / 'w'}", "a b", str(tmp_path / "p.md"), "-m", "m1"]
+
+
+def test_classify_error_texts():
+    assert classify("HTTP 429 rate_limit_exceeded") == "rate_limit"
+    assert classify("Not logged in. Please run /login") == "not_logged_in"
+    assert classify("model gpt-9 does not exist") == "not_found"
+    assert classify("segfault") == "agent"
+
+
+# ---------------------------------------------------------------------------
+# Prices and routing
+
+
+def test_prices_aliases_unknown_models_and_override(tmp_path, monkeypatch):
+    monkeypatch.delenv("HARNESS_PRICES", raising=False)
+    assert pricing.resolve_model("spark") == "gpt-5.3-codex-spark"
+    assert pricing.cost_usd("gpt-5.4", 1_000_000, 0, 0) == pytest.approx(2.50)
+    assert pricing.cost_usd("gpt-5.4", 1_000_000, 1_000_000, 1_000_000) == pytest.approx(0.25 + 15.0)
+    assert pricing.cost_usd("no-such-model", 1000, 0, 10) is None
+    for model in ("gpt-5.3-codex", "gpt-5.2", "gpt-5-mini", "claude-opus-4-6", "claude-sonnet-4-6",
+                  "claude-haiku-4-5"):
+        assert pricing.price(model) is not None, model
+    prices = tmp_path / "p.toml"
+    prices.write_text('[models."gpt-5.3-codex-spark"]\ninput = 1.0\noutput = 4.0\n')
+    try:
+        pricing.set_prices_file(prices)
+        assert pricing.cost_usd("spark", 1_000_000, 500_000, 0) == pytest.approx(1.0)  # cached at input price
+    finally:
+        pricing.set_prices_file(None)
+    assert pricing.cost_usd("spark", 1, 0, 0) is None
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[models."x"]\ninput = "cheap"\n')
+    with pytest.raises(Exception, match="numeric input and output"):
+        pricing.set_prices_file(bad)
+
+
+def test_routing_mismatch():
+    manifest = {"agent": "openai", "model": "gpt-5.4",
+                "researcher": {"base_url": "http://a/v1", "key_fingerprint": "abcd1234"}}
+    same = {"base_url": "http://a/v1", "key_fingerprint": "abcd1234"}
+    assert routing_mismatch(manifest, "openai", "gpt-5.4", same) == []
+    assert routing_mismatch({}, "openai", "gpt-5.4", same) == []
+    changed = routing_mismatch(manifest, "codex", "gpt-5.2", {"base_url": "http://b/v1", "key_fingerprint": None})
+    assert [c.split()[0] for c in changed] == ["backend", "model", "base", "key"]
