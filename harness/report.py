@@ -1,0 +1,404 @@
+"""The comparison report: per-arm figures, kept changes, convergent findings and a verdict.
+
+Everything is recomputed from the ledgers (results.tsv) alone, so `harness report` works at any
+time, mid-run included, and on karpathy/autoresearch's five-column results.tsv. A figure that
+the ledger cannot support is None ("unknown"), never zero. Rendering lives in report_render.py;
+docs/report.md explains every figure.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import ledger
+from .errors import HarnessError
+from .report_diff import changed_names
+
+FAILED = ("crash", "timeout", "invalid")
+SHOWN_STATUSES = ("keep", "discard", "crash", "timeout", "invalid")
+BOOTSTRAP_DRAWS = 10_000
+BOOTSTRAP_SEED = 0
+GIT_TIMEOUT_S = 30
+
+
+@dataclass
+class ArmData:
+    label: str
+    ledger: Path
+    rows: list[dict[str, Any]]
+    columns: tuple[str, ...]  # the ledger's header: what it can and cannot tell
+    metric: str = "metric"
+    direction: str = "minimize"
+    agent: str | None = None
+    model: str | None = None
+    editable: tuple[str, ...] = ()
+    git_dir: Path | None = None  # a checkout in which the kept commits can be diffed
+
+
+@dataclass
+class Report:
+    out_dir: Path
+    summary: dict[str, Any]
+    markdown: Path
+    html: Path
+    json: Path
+    plots: dict[str, Path] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------
+# Finding the ledgers
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _git_toplevel(path: Path) -> Path | None:
+    try:
+        out = subprocess.run(["git", "-C", str(path), "rev-parse", "--show-toplevel"],
+                             capture_output=True, text=True, timeout=GIT_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return Path(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
+
+
+def load_arm(label: str, path: Path, setup: dict[str, Any] | None = None) -> ArmData:
+    """One ledger and what its run folder says about it (run.json, the worktree)."""
+    rows = ledger.read_rows(path)
+    for r in rows:  # karpathy/autoresearch logs a crash as 0.000000: a placeholder, not a figure
+        if r.get("status") in FAILED and not r.get("metric"):
+            r["metric"] = None
+            r["memory_gb"] = r.get("memory_gb") or None
+    header = path.read_text(encoding="utf-8").split("\n", 1)[0].split("\t") if path.exists() else []
+    manifest = _read_json(path.parent / "run.json")
+    cfg = manifest.get("config", {})
+    arm = ArmData(label, path, rows, tuple(header), metric=ledger.metric_name(path) or "metric",
+                  direction=cfg.get("direction", "minimize"),
+                  editable=tuple(cfg.get("editable") or ()))
+    researched = [r for r in rows[1:] if r.get("agent") or r.get("model")]
+    setup = setup or {}
+    arm.agent = (setup.get("researcher") or manifest.get("agent")
+                 or (researched[0].get("agent") if researched else None))
+    arm.model = (setup.get("model") or manifest.get("model")
+                 or (researched[0].get("model") if researched else None) or None)
+    worktree = path.parent / "worktree"
+    arm.git_dir = worktree if (worktree / ".git").exists() else _git_toplevel(path.parent)
+    if not arm.editable and arm.git_dir is not None and (arm.git_dir / "train.py").exists():
+        arm.editable = ("train.py",)  # karpathy/autoresearch's one editable file
+    return arm
+
+
+def find_arms(paths: list[Path]) -> tuple[list[ArmData], dict[str, Any] | None]:
+    """Arms from run folders, A/B folders (a/ and b/) or results.tsv files; and the A/B setup."""
+    found: list[tuple[str, Path, Path, dict[str, Any] | None]] = []  # (label, ledger, input, setup)
+    ab_setup = None
+    for raw in paths:
+        path = Path(raw)
+        if path.is_file():
+            label = path.parent.name if path.name == "results.tsv" else path.stem
+            found.append((label, path, path, None))
+        elif (path / "ab.json").exists() or any((path / a / "results.tsv").exists() for a in ("a", "b")):
+            setup = _read_json(path / "ab.json")
+            ab_setup = ab_setup or setup
+            names = sorted(setup.get("arms", {})) or ["a", "b"]
+            for name in names:
+                if (path / name / "results.tsv").exists():
+                    found.append((name, path / name / "results.tsv", path, setup.get("arms", {}).get(name)))
+        elif (path / "results.tsv").exists():
+            found.append((path.resolve().name, path / "results.tsv", path, None))
+        else:
+            raise HarnessError(f"{path}: no results.tsv there (nor a/ and b/ of an A/B run). Pass a run "
+                               f"folder such as runs/<tag>, or a results.tsv file.")
+    labels = [f[0] for f in found]
+    arms = []
+    for label, ledger_path, source, setup in found:
+        if labels.count(label) > 1:
+            label = f"{Path(source).resolve().name}/{label}"
+        arms.append(load_arm(label, ledger_path, setup))
+    if not arms:
+        raise HarnessError("no ledgers with rows yet: the runs have not measured a baseline.")
+    return arms, ab_setup
+
+
+# ---------------------------------------------------------------------------
+# Figures
+
+
+def _sum(rows: list[dict[str, Any]], key: str) -> float:
+    return float(sum(r.get(key) or 0 for r in rows))
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return None if num is None or den is None or den == 0 else num / den
+
+
+def better(direction: str, value: float, best: float) -> bool:
+    return value > best if direction == "maximize" else value < best
+
+
+def value_of(row: dict[str, Any]) -> float | None:
+    """The value a decision compared: the mean over a candidate's runs when it had repeats."""
+    return row.get("mean") if row.get("mean") is not None else row.get("metric")
+
+
+def experiments_of(arm: ArmData) -> list[dict[str, Any]]:
+    """Every candidate after the baseline. Not experiments: `budget` rows (a stop marker) and
+    `repeat` rows (extra training runs of a candidate already counted)."""
+    return [r for r in arm.rows[1:] if r.get("status") not in ("budget", "repeat")]
+
+
+def wall_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows whose wall_s adds up to the run's wall time: a repeat's time is inside its candidate's."""
+    return [r for r in rows if r.get("status") != "repeat"]
+
+
+def wasted_train_s(arm: ArmData) -> float:
+    """Training seconds of every run (repeats included) of candidates that were not kept."""
+    decided = {r.get("iteration"): r.get("status") for r in arm.rows[1:] if r.get("status") != "repeat"}
+    total = 0.0
+    for r in arm.rows[1:]:
+        status = r.get("status")
+        if status == "repeat":  # judged with its candidate; the baseline's repeats are the baseline's
+            status = "keep" if r.get("candidate") == 0 else decided.get(r.get("candidate"))
+        if status != "keep":
+            total += r.get("train_s") or 0.0
+    return total
+
+
+def kept_changes(arm: ArmData) -> list[dict[str, Any]]:
+    out, best = [], value_of(arm.rows[0]) if arm.rows else None
+    for r in experiments_of(arm):
+        value = value_of(r)
+        if r.get("status") != "keep" or value is None:
+            continue
+        delta = r.get("delta") if r.get("delta") is not None else (None if best is None else value - best)
+        out.append({"iteration": r.get("iteration"), "commit": r.get("commit"), "metric": value,
+                    "delta": delta, "description": r.get("description") or ""})
+        best = value
+    return out
+
+
+def arm_figures(arm: ArmData) -> dict[str, Any]:
+    """Every per-arm figure of the report; None where the ledger cannot tell."""
+    has = set(arm.columns).__contains__
+    rows, exp = arm.rows, experiments_of(arm)
+    counts = {s: sum(1 for r in exp if r.get("status") == s) for s in SHOWN_STATUSES}
+    skips = sum(1 for r in exp if r.get("status") == "skip")
+    if skips:
+        counts["skip"] = skips
+    baseline = value_of(rows[0]) if rows else None
+    best, best_commit = baseline, rows[0].get("commit") if rows else None
+    for r in exp:
+        if r.get("status") == "keep" and value_of(r) is not None and (
+                best is None or better(arm.direction, value_of(r), best)):
+            best, best_commit = value_of(r), r.get("commit")
+    sigmas = [r["sigma"] for r in rows if r.get("sigma") is not None]
+    improvement = None
+    if baseline is not None and best is not None:
+        improvement = best - baseline if arm.direction == "maximize" else baseline - best
+    train_s = _sum(rows, "train_s") if has("train_s") else None
+    wall_s = _sum(wall_rows(rows), "wall_s") if has("wall_s") else None
+    researched = [r for r in exp if r.get("agent_s") is not None]
+    costs = [r.get("cost_usd") for r in researched]
+    cost = sum(costs) if has("cost_usd") and costs and None not in costs else None
+    tokens = (_sum(rows, "input_tokens") + _sum(rows, "output_tokens")
+              if has("input_tokens") and has("output_tokens") else None)
+
+    def per_iteration(key: str) -> float | None:
+        return _sum(exp, key) / len(exp) if has(key) and exp else None
+
+    return {
+        "label": arm.label, "ledger": str(arm.ledger), "agent": arm.agent, "model": arm.model,
+        "metric": arm.metric, "direction": arm.direction,
+        "experiments": len(exp), "counts": counts,
+        "acceptance_rate": _ratio(counts["keep"], len(exp)),
+        "baseline": baseline, "best": best, "best_commit": best_commit,
+        "improvement": improvement,
+        "improvement_pct": None if improvement is None or not baseline else 100 * improvement / abs(baseline),
+        "noise_sigma": sigmas[-1] if sigmas else None,
+        "repeat_runs": sum(1 for r in rows if r.get("status") == "repeat"),
+        "gpu_minutes_discarded_failed": wasted_train_s(arm) / 60 if has("train_s") else None,
+        "train_s": train_s, "wall_s": wall_s,
+        "mean_agent_s": _mean([r["agent_s"] for r in researched]) if has("agent_s") else None,
+        "mean_wall_s": _mean([r["wall_s"] for r in exp if r.get("wall_s") is not None]) if has("wall_s") else None,
+        "gpu_duty": _ratio(train_s, wall_s),
+        "input_tokens_per_iteration": per_iteration("input_tokens"),
+        "cached_tokens_per_iteration": per_iteration("cached_tokens"),
+        "output_tokens_per_iteration": per_iteration("output_tokens"),
+        "tokens": tokens, "cost_usd": cost,
+        "improvement_per_gpu_hour": _ratio(improvement, None if train_s is None else train_s / 3600),
+        "improvement_per_1m_tokens": _ratio(improvement, None if tokens is None else tokens / 1e6),
+        "improvement_per_usd": _ratio(improvement, cost),
+        "kept": kept_changes(arm),
+    }
+
+
+def progress_series(arm: ArmData) -> dict[str, list[float | None]]:
+    """Best-so-far after each row, against cumulative wall hours, tokens and cost (None = unknown)."""
+    has = set(arm.columns).__contains__
+    out: dict[str, list[float | None]] = {"best": [], "wall_h": [], "tokens_m": [], "cost_usd": []}
+    best = wall = tokens = cost = None
+    for r in arm.rows:
+        if r.get("status") == "keep" and value_of(r) is not None and (
+                best is None or better(arm.direction, value_of(r), best)):
+            best = value_of(r)
+        if has("wall_s") and r.get("status") != "repeat":
+            wall = (wall or 0.0) + (r.get("wall_s") or 0.0) / 3600
+        if has("input_tokens") and has("output_tokens"):
+            tokens = (tokens or 0.0) + ((r.get("input_tokens") or 0) + (r.get("output_tokens") or 0)) / 1e6
+        if has("cost_usd") and cost is not False:
+            unknown = r.get("agent_s") is not None and r.get("cost_usd") is None
+            cost = False if unknown else (cost or 0.0) + (r.get("cost_usd") or 0.0)
+        for key, value in (("best", best), ("wall_h", wall), ("tokens_m", tokens),
+                           ("cost_usd", None if cost is False else cost)):
+            out[key].append(value)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Convergent findings and the verdict
+
+
+def convergent(arms: list[ArmData]) -> dict[str, Any]:
+    """Hyperparameters and code areas changed in kept commits by every arm (from the diffs)."""
+    per_arm: dict[str, dict[str, list[str]] | None] = {}
+    for arm in arms:
+        kept = [r for r in experiments_of(arm) if r.get("status") == "keep" and r.get("commit")]
+        per_arm[arm.label] = None if arm.git_dir is None else changed_names(
+            arm.git_dir, [(r.get("parent") or None, r["commit"]) for r in kept], arm.editable)
+    known = [v for v in per_arm.values() if v is not None]
+    both = {k: sorted(set.intersection(*(set(v[k]) for v in known))) if len(known) >= 2 and len(known) == len(arms)
+            else None for k in ("hyperparameters", "code")}
+    return {**both, "per_arm": per_arm}
+
+
+def bootstrap_diff(a: list[int], b: list[int], draws: int = BOOTSTRAP_DRAWS,
+                   seed: int = BOOTSTRAP_SEED) -> tuple[float, float, float] | None:
+    """Difference of means a - b and its 95% percentile bootstrap interval (fixed seed)."""
+    if not a or not b:
+        return None
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    da = xa[rng.integers(0, len(xa), (draws, len(xa)))].mean(axis=1)
+    db = xb[rng.integers(0, len(xb), (draws, len(xb)))].mean(axis=1)
+    lo, hi = np.percentile(da - db, [2.5, 97.5])
+    return float(xa.mean() - xb.mean()), float(lo), float(hi)
+
+
+def verdict(arms: list[ArmData], figs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Name a winner only when the improvement gap beats the baseline gap (a noise proxy)
+    and the acceptance-rate interval lies wholly on the winner's side of zero."""
+    out: dict[str, Any] = {"winner": None, "mixed_scaffolds": len({f["agent"] for f in figs}) > 1,
+                           "ranked": [], "text": []}
+    if len(figs) < 2:
+        out["text"].append("One run only: nothing to compare.")
+        return out
+    if len({f["metric"] for f in figs}) > 1 or len({f["direction"] for f in figs}) > 1:
+        out["text"].append("The runs measure different metrics or directions; they cannot be compared.")
+        return out
+    ranked = sorted(range(len(figs)), key=lambda i: -(figs[i]["improvement"]
+                                                      if figs[i]["improvement"] is not None else float("-inf")))
+    top, second = figs[ranked[0]], figs[ranked[1]]
+    out["ranked"] = [figs[i]["label"] for i in ranked]
+    if top["improvement"] is None or second["improvement"] is None:
+        out["text"].append("No clear winner: an arm has no baseline or best value yet.")
+        return out
+    gap = top["improvement"] - second["improvement"]
+    baseline_gap = abs(top["baseline"] - second["baseline"])
+    sigmas = [f["noise_sigma"] for f in (top, second) if f["noise_sigma"] is not None]
+    noise = max([baseline_gap, *sigmas])
+    ci = bootstrap_diff(*[[1 if r.get("status") == "keep" else 0 for r in experiments_of(arms[i])]
+                          for i in ranked[:2]])
+    out.update(improvement_gap=gap, baseline_gap=baseline_gap, noise=noise,
+               acceptance_diff=None if ci is None else ci[0],
+               acceptance_ci95=None if ci is None else [ci[1], ci[2]])
+    t, s = top["label"], second["label"]
+    lines = [f"Improvement: {t} {top['improvement']:.6g} vs {s} {second['improvement']:.6g} "
+             f"(gap {gap:.6g}); the two baselines differ by {baseline_gap:.6g}, a proxy for run-to-run noise"
+             + (f"; the measured noise floor (sigma) is {max(sigmas):.6g}" if sigmas else "") + "."]
+    if ci is None:
+        lines.append("Acceptance rates: an arm has no experiments yet, so there is no interval.")
+    else:
+        lines.append(f"Acceptance rate {t} minus {s}: {ci[0]:+.1%}, 95% bootstrap interval "
+                     f"[{ci[1]:+.1%}, {ci[2]:+.1%}].")
+    within = gap <= noise
+    unsure = ci is None or ci[1] <= 0
+    if within or unsure:
+        why = ("the improvement gap is within the baseline difference" if within
+               else "the acceptance-rate interval includes zero or favours the other arm")
+        lines.append(f"**No clear winner**: {why}.")
+    else:
+        out["winner"] = t
+        lines.append(f"**Winner: {t}** ({top['agent']}, {top['model'] or 'no model'}): it improved more than "
+                     f"the baseline noise and accepted more of its proposals.")
+    if out["mixed_scaffolds"]:
+        lines.append("The comparison mixes scaffolds (agent backends " + " vs ".join(
+            sorted({str(f['agent']) for f in figs})) + "): a difference may come from the scaffold, "
+            "not the model.")
+    if noise == 0:
+        lines.append("The noise proxy is zero (identical baselines, no measured spread): any gap counts. "
+                     "Repeat the baseline (--baseline-runs) when training is not deterministic.")
+    out["text"] = lines
+    return out
+
+
+# ---------------------------------------------------------------------------
+# The whole report
+
+
+def summarize(paths: list[Path]) -> tuple[dict[str, Any], list[ArmData]]:
+    arms, setup = find_arms(paths)
+    figs = [arm_figures(a) for a in arms]
+    summary = {
+        "metric": figs[0]["metric"], "direction": figs[0]["direction"],
+        "inputs": [str(p) for p in paths], "ab": setup,
+        "arms": figs, "convergent": convergent(arms), "verdict": verdict(arms, figs),
+    }
+    return summary, arms
+
+
+def default_out(paths: list[Path]) -> Path:
+    if len(paths) != 1:
+        raise HarnessError("several runs compared: pass --out DIR to say where the report goes.")
+    path = Path(paths[0])
+    return path.parent if path.is_file() else path
+
+
+def build(paths: list[Path], out: Path | None = None) -> Report:
+    """Write report.md, report.html (self-contained) and summary.json; return where they are."""
+    from . import report_render
+
+    paths = [Path(p) for p in paths]
+    summary, arms = summarize(paths)
+    out_dir = Path(out) if out is not None else default_out(paths)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    series = {a.label: progress_series(a) for a in arms}
+    try:
+        plots = report_render.plots(summary, arms, series)
+    except ImportError:  # matplotlib is an extra: the figures and tables do not need it
+        plots = {}
+        summary["notes"] = ["No plots: install matplotlib (pip install 'autoresearch-harness[report]')."]
+    plot_paths = {}
+    (out_dir / "plots").mkdir(exist_ok=True)
+    for name, png in plots.items():
+        plot_paths[name] = out_dir / "plots" / f"{name}.png"
+        plot_paths[name].write_bytes(png)
+    md = out_dir / "report.md"
+    md.write_text(report_render.markdown(summary, {k: f"plots/{k}.png" for k in plots}))
+    html = out_dir / "report.html"
+    html.write_text(report_render.html(summary, plots))
+    js = out_dir / "summary.json"
+    js.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return Report(out_dir, summary, md, html, js, plot_paths)

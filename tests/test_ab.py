@@ -1,0 +1,244 @@
+"""`harness ab` end to end on real git repos with the fake trainer: every schedule, resume, the CLI.
+
+One scripted researcher proposes good changes (VALUE goes down), the other bad ones (VALUE goes
+up). The report must name the good one, and every figure in summary.json must match the ledgers.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from harness import ab, ledger, report
+from harness.agents import Proposal, Usage
+from harness.cli import main
+from harness.errors import RepoError
+
+from conftest import FAKE_TRAIN, ScriptedResearcher, git, make_repo, set_globals
+
+GOOD = [0.9, 0.8, 0.7]
+BAD = [1.1, 1.2, 1.3]
+USAGE = (1000, 200, 100, 0.01)  # input, cached, output tokens; USD
+
+
+def researcher(values, order: list, arm: str, name: str = "scripted") -> ScriptedResearcher:
+    """Each call records its arm in order, sets VALUE and reports tokens and a cost."""
+    def make(value):
+        def step(task):
+            order.append(arm)
+            train = task.worktree / "train.py"
+            train.write_text(set_globals(train.read_text(), VALUE=value))
+            return Proposal(f"VALUE={value}", Usage(*USAGE[:3], cost_usd=USAGE[3]), agent_s=0.05)
+        return step
+
+    r = ScriptedResearcher([make(v) if isinstance(v, float) else v for v in values])
+    r.name = name
+    return r
+
+
+def primary(rows):
+    return [r for r in rows if r["status"] != "repeat"]
+
+
+def recompute(path: Path) -> dict:
+    """The report's figures, recomputed here from the ledger alone."""
+    rows = ledger.read_rows(path)
+    exp = [r for r in rows[1:] if r["status"] not in ("budget", "repeat")]
+    value = lambda r: r["mean"] if r.get("mean") is not None else r["metric"]  # noqa: E731
+    keeps = [r for r in exp if r["status"] == "keep"]
+    base = value(rows[0])
+    best = min([base] + [value(r) for r in keeps])
+    train_s = sum(r["train_s"] or 0 for r in rows)
+    wall_s = sum(r["wall_s"] or 0 for r in primary(rows))
+    tokens = sum(r["input_tokens"] + r["output_tokens"] for r in exp)
+    cost = sum(r["cost_usd"] for r in exp)
+    return {
+        "experiments": len(exp), "acceptance_rate": len(keeps) / len(exp), "baseline": base, "best": best,
+        "improvement": base - best, "improvement_pct": 100 * (base - best) / base,
+        "gpu_minutes_discarded_failed": sum(r["train_s"] or 0 for r in exp if r["status"] != "keep") / 60,
+        "mean_agent_s": statistics.fmean(r["agent_s"] for r in exp),
+        "mean_wall_s": statistics.fmean(r["wall_s"] for r in exp),
+        "gpu_duty": train_s / wall_s,
+        "input_tokens_per_iteration": sum(r["input_tokens"] for r in exp) / len(exp),
+        "cached_tokens_per_iteration": sum(r["cached_tokens"] for r in exp) / len(exp),
+        "output_tokens_per_iteration": sum(r["output_tokens"] for r in exp) / len(exp),
+        "cost_usd": cost, "tokens": tokens,
+        "improvement_per_gpu_hour": (base - best) / (train_s / 3600),
+        "improvement_per_1m_tokens": (base - best) / (tokens / 1e6),
+        "improvement_per_usd": (base - best) / cost,
+    }
+
+
+def check_report(run_dir: Path, winner: str) -> dict:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["verdict"]["winner"] == winner
+    assert f"Winner: {winner}" in (run_dir / "report.md").read_text()
+    for arm in summary["arms"]:
+        expected = recompute(run_dir / arm["label"] / "results.tsv")
+        for key, want in expected.items():
+            assert arm[key] == pytest.approx(want), (arm["label"], key)
+        rows = ledger.read_rows(run_dir / arm["label"] / "results.tsv")
+        counts = {s: sum(1 for r in primary(rows)[1:] if r["status"] == s) for s in arm["counts"]}
+        assert arm["counts"] == counts
+    html = (run_dir / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 4
+    return summary
+
+
+def test_interleave_alternates_and_names_the_good_arm(repo: Path):
+    order: list[str] = []
+    result = ab.run_ab(repo, "il", {"a": (None, "gpt-5.4"), "b": (None, "spark")},
+                       overrides={"iterations": 3},
+                       researchers={"a": researcher(GOOD, order, "a"), "b": researcher(BAD, order, "b")})
+    assert order == ["a", "b"] * 3
+    assert result.schedule == "interleave"
+    run_dir = repo / "runs" / "il"
+    rows = {arm: primary(ledger.read_rows(run_dir / arm / "results.tsv")) for arm in "ab"}
+    assert [r["status"] for r in rows["a"]] == ["keep"] * 4
+    assert [r["status"] for r in rows["b"]] == ["keep"] + ["discard"] * 3
+    # started_at never goes back along the alternation a1, b1, a2, b2, ...
+    stamps = [rows[arm][i]["started_at"] for i in range(4) for arm in "ab"]
+    assert stamps == sorted(stamps)
+    # Both arms come from the same baseline commit, on their own branches.
+    setup = json.loads((run_dir / "ab.json").read_text())
+    for arm in "ab":
+        assert rows[arm][0]["commit"] == setup["baseline_commit"][:12] == git(repo, "rev-parse", "HEAD")[:12]
+        assert git(repo, "rev-parse", f"autoresearch/il-{arm}")
+    assert setup["arms"]["b"]["model"] == "gpt-5.3-codex-spark" and setup["schedule"] == "interleave"
+    summary = check_report(run_dir, "a")
+    assert summary["convergent"]["per_arm"]["a"]["hyperparameters"] == ["VALUE"]
+    assert summary["convergent"]["hyperparameters"] == []  # b kept nothing
+    assert result.summaries["a"].best_value == pytest.approx(0.7)
+    assert "mixes scaffolds" not in (run_dir / "report.md").read_text()
+
+
+def test_sequential_runs_a_then_b_and_says_when_scaffolds_differ(repo: Path):
+    order: list[str] = []
+    ab.run_ab(repo, "seq", {"a": (None, "m1"), "b": (None, "m2")}, schedule="sequential",
+              overrides={"iterations": 3},
+              researchers={"a": researcher(BAD, order, "a"), "b": researcher(GOOD, order, "b", name="other")})
+    assert order == ["a"] * 3 + ["b"] * 3
+    summary = check_report(repo / "runs" / "seq", "b")
+    assert summary["verdict"]["mixed_scaffolds"]
+    assert "mixes scaffolds" in (repo / "runs" / "seq" / "report.md").read_text()
+    # An unknown model has no price: the researcher's reported cost is used, never a silent zero.
+    assert summary["arms"][0]["cost_usd"] == pytest.approx(0.03)
+
+
+def test_parallel_gives_each_arm_its_own_gpu(tmp_path: Path):
+    source = FAKE_TRAIN.replace("time.sleep(SLEEP_S)", "print('gpu', os.environ.get('CUDA_VISIBLE_DEVICES'))\n"
+                                "time.sleep(SLEEP_S)").replace("SLEEP_S = 0.0", "SLEEP_S = 0.3")
+    repo = make_repo(tmp_path / "research", train_source=source)
+    order: list[str] = []
+    start = time.monotonic()
+    ab.run_ab(repo, "par", {"a": (None, None), "b": (None, None)}, gpus="0,1", overrides={"iterations": 3},
+              researchers={"a": researcher(GOOD, order, "a"), "b": researcher(BAD, order, "b")},
+              write_report=False)
+    elapsed = time.monotonic() - start
+    run_dir = repo / "runs" / "par"
+    # The arms ran at the same time: the whole took clearly less than the two arms' wall times.
+    walls = sum(r["wall_s"] for arm in "ab" for r in primary(ledger.read_rows(run_dir / arm / "results.tsv")))
+    assert elapsed < 0.85 * walls
+    assert json.loads((run_dir / "ab.json").read_text())["schedule"] == "parallel"
+    assert sorted(order) == ["a"] * 3 + ["b"] * 3
+    for arm, gpu in (("a", "0"), ("b", "1")):
+        for log in ("iter-0000.log", "iter-0003.log"):
+            assert f"gpu {gpu}\n" in (run_dir / arm / "logs" / log).read_text()
+    report.build([run_dir])
+    check_report(run_dir, "a")
+
+
+def test_ctrl_c_then_resume_continues_both_arms(repo: Path):
+    order: list[str] = []
+    first = ab.run_ab(repo, "rs", {"a": (None, None), "b": (None, None)}, overrides={"iterations": 3},
+                      researchers={"a": researcher([0.9, KeyboardInterrupt()], order, "a"),
+                                   "b": researcher([1.1], order, "b")})
+    assert "interrupted" in first.stopped
+    run_dir = repo / "runs" / "rs"
+    assert (run_dir / "report.md").exists()  # a partial report is written on Ctrl-C too
+    for arm in "ab":
+        wt = run_dir / arm / "worktree"
+        assert git(wt, "status", "--porcelain") == ""
+        assert len(primary(ledger.read_rows(run_dir / arm / "results.tsv"))) == 2
+    with pytest.raises(RepoError, match="--resume"):
+        ab.run_ab(repo, "rs", {"a": (None, None), "b": (None, None)}, overrides={"iterations": 3})
+    order.clear()
+    ab.run_ab(repo, "rs", {"a": (None, None), "b": (None, None)}, resume=True, overrides={"iterations": 3},
+              researchers={"a": researcher([0.8, 0.7], order, "a"), "b": researcher([1.2, 1.3], order, "b")})
+    assert order == ["a", "b", "a", "b"]
+    for arm in "ab":
+        rows = primary(ledger.read_rows(run_dir / arm / "results.tsv"))
+        assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
+    assert len(json.loads((run_dir / "ab.json").read_text())["resumed_at"]) == 1
+    check_report(run_dir, "a")
+
+
+def test_parallel_ctrl_c_stops_both_arms_and_resumes(repo: Path):
+    order: list[str] = []
+    first = ab.run_ab(repo, "pr", {}, gpus="0,1", overrides={"iterations": 3}, write_report=False,
+                      researchers={"a": researcher([0.9, KeyboardInterrupt()], order, "a"),
+                                   "b": researcher(BAD, order, "b")})
+    assert "interrupted" in first.stopped
+    run_dir = repo / "runs" / "pr"
+    for arm in "ab":
+        assert git(run_dir / arm / "worktree", "status", "--porcelain") == ""
+        assert not (run_dir / arm / "inflight.json").exists()
+    ab.run_ab(repo, "pr", {}, resume=True, overrides={"iterations": 3},  # parallel again, from ab.json
+              researchers={"a": researcher([0.8, 0.7], order, "a"), "b": researcher(BAD, order, "b")})
+    for arm in "ab":
+        rows = primary(ledger.read_rows(run_dir / arm / "results.tsv"))
+        assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
+    check_report(run_dir, "a")
+
+
+def test_hours_are_per_arm_and_counted_from_the_ledger(repo: Path):
+    source = (repo / "train.py").read_text().replace("SLEEP_S = 0.0", "SLEEP_S = 0.25")
+    (repo / "train.py").write_text(source)
+    git(repo, "commit", "-qam", "slower")
+    order: list[str] = []
+    ab.run_ab(repo, "hr", {"a": (None, None), "b": (None, None)}, overrides={"hours": 1.6 / 3600},
+              researchers={"a": researcher(GOOD * 3, order, "a"), "b": researcher(BAD * 3, order, "b")})
+    for arm in "ab":
+        rows = ledger.read_rows(repo / "runs" / "hr" / arm / "results.tsv")
+        assert sum(r["wall_s"] for r in primary(rows)) <= 1.6
+        assert len(primary(rows)) >= 2
+    assert order[:2] == ["a", "b"]
+
+
+def test_cli_ab_then_report(repo: Path):
+    runner = CliRunner()
+    result = runner.invoke(main, ["ab", "--repo", str(repo), "--tag", "cli", "--agent", "mutate",
+                                  "--model-a", "gpt-5.4", "--model-b", "spark", "--iterations", "2"],
+                           catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    run_dir = repo / "runs" / "cli"
+    assert result.stdout.strip() == str(run_dir / "report.md")
+    setup = json.loads((run_dir / "ab.json").read_text())
+    assert setup["arms"]["a"]["agent"] == "mutate" and setup["arms"]["a"]["model"] == "gpt-5.4"
+    (run_dir / "summary.json").unlink()
+    result = runner.invoke(main, ["report", str(run_dir)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [a["label"] for a in summary["arms"]] == ["a", "b"]
+    assert all(a["experiments"] == 2 for a in summary["arms"])
+    # Several runs need --out; two single ledgers compare like arms.
+    a, b = run_dir / "a" / "results.tsv", run_dir / "b" / "results.tsv"
+    result = runner.invoke(main, ["report", str(a.parent), str(b)])
+    assert result.exit_code != 0 and "--out" in result.output
+    result = runner.invoke(main, ["report", str(a.parent), str(b), "--out", str(repo / "cmp")],
+                           catch_exceptions=False)
+    assert result.exit_code == 0 and (repo / "cmp" / "report.html").exists()
+
+
+def test_refusals(repo: Path):
+    with pytest.raises(Exception, match="--gpus 0,1"):
+        ab.run_ab(repo, "x", {}, schedule="parallel")
+    with pytest.raises(Exception, match="nothing to resume"):
+        ab.run_ab(repo, "x", {}, resume=True)
+    (repo / "train.py").write_text("VALUE = 2.0\n")
+    with pytest.raises(RepoError, match="uncommitted"):
+        ab.run_ab(repo, "x", {})

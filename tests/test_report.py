@@ -1,0 +1,183 @@
+"""The report from ledgers alone: karpathy/autoresearch's five columns, noise-honest verdicts,
+convergent findings from real diffs, and the HTML as headless Chromium renders it."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from harness import ledger, report
+from harness.errors import HarnessError
+from harness.ledger import Row
+from harness.report_diff import changed_names, names_at
+
+from conftest import git
+
+FIVE_COLUMNS = """commit\tval_bpb\tmemory_gb\tstatus\tdescription
+a1b2c3d\t0.997900\t44.0\tkeep\tbaseline
+b2c3d4e\t0.993200\t44.2\tkeep\tincrease LR to 0.04
+c3d4e5f\t1.005000\t44.0\tdiscard\tswitch to GeLU activation
+d4e5f6g\t0.000000\t0.0\tcrash\tdouble model width (OOM)
+"""
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def write_ledger(path: Path, values: list[tuple[str, float | None]], base: float = 1.0,
+                 agent: str = "scripted", train_s: float = 60.0, cost: float | None = 0.02) -> Path:
+    """A ledger in the harness's schema: a baseline, then (status, value) experiments."""
+    best = base
+    ledger.append(path, "val_bpb", Row(commit="0" * 12, metric=base, status="keep", description="baseline",
+                                       iteration=0, train_s=train_s, wall_s=train_s + 1, agent=agent,
+                                       started_at="2026-01-01T00:00:00Z"))
+    for i, (status, value) in enumerate(values, 1):
+        ledger.append(path, "val_bpb", Row(
+            commit=f"{i:012x}", metric=value, status=status, description=f"try {i}", iteration=i,
+            agent=agent, model="m", best_before=best, delta=None if value is None else value - best,
+            agent_s=30.0, train_s=train_s if value is not None else 5.0, wall_s=train_s + 40,
+            input_tokens=20_000, cached_tokens=5_000, output_tokens=2_000, cost_usd=cost))
+        if status == "keep":
+            best = value
+    return path
+
+
+def ab_dir(root: Path, a: list, b: list, base_b: float = 1.0) -> Path:
+    write_ledger(root / "a" / "results.tsv", a)
+    write_ledger(root / "b" / "results.tsv", b, base=base_b)
+    (root / "ab.json").write_text(json.dumps({"tag": root.name, "schedule": "interleave", "gpus": [],
+                                              "baseline_commit": "0" * 40, "arms": {}}))
+    return root
+
+
+def test_karpathy_five_columns_unknown_is_never_zero(tmp_path: Path):
+    path = tmp_path / "results.tsv"
+    path.write_text(FIVE_COLUMNS)
+    built = report.build([path])
+    arm = built.summary["arms"][0]
+    assert arm["experiments"] == 3 and arm["counts"]["keep"] == 1 and arm["counts"]["crash"] == 1
+    assert arm["baseline"] == pytest.approx(0.9979) and arm["best"] == pytest.approx(0.9932)
+    assert arm["improvement"] == pytest.approx(0.0047) and arm["acceptance_rate"] == pytest.approx(1 / 3)
+    unknown = ["gpu_minutes_discarded_failed", "mean_agent_s", "mean_wall_s", "gpu_duty",
+               "input_tokens_per_iteration", "cached_tokens_per_iteration", "output_tokens_per_iteration",
+               "cost_usd", "improvement_per_gpu_hour", "improvement_per_1m_tokens", "improvement_per_usd",
+               "agent", "model"]
+    assert {k: arm[k] for k in unknown} == {k: None for k in unknown}
+    md = built.markdown.read_text()
+    for label in ("GPU-minutes on discarded and failed runs", "GPU duty", "cost", "improvement per dollar",
+                  "input tokens per iteration", "improvement per GPU-hour"):
+        line = next(line for line in md.splitlines() if line.startswith(f"| {label}"))
+        assert line.endswith("| unknown |"), line
+    # The crash's 0.000000 is karpathy/autoresearch's placeholder, not a result.
+    assert arm["kept"] == [{"iteration": None, "commit": "b2c3d4e", "metric": pytest.approx(0.9932),
+                            "delta": pytest.approx(-0.0047), "description": "increase LR to 0.04"}]
+    assert "Unknown" in md  # convergent findings need a checkout with the commits
+    assert (tmp_path / "report.html").exists() and (tmp_path / "summary.json").exists()
+
+
+def test_verdict_is_honest_about_noise(tmp_path: Path):
+    good = [("keep", 0.95), ("keep", 0.9), ("keep", 0.85), ("discard", 0.9), ("keep", 0.8)]
+    bad = [("discard", 1.1), ("crash", None), ("discard", 1.05), ("discard", 1.2), ("invalid", None)]
+    clear = report.build([ab_dir(tmp_path / "clear", good, bad)]).summary["verdict"]
+    assert clear["winner"] == "a" and clear["acceptance_ci95"][0] > 0
+    # The same gap, but the baselines disagree by more than it: that is noise.
+    noisy = report.build([ab_dir(tmp_path / "noisy", good, [("discard", 1.4)] * 5, base_b=1.3)])
+    assert noisy.summary["verdict"]["winner"] is None
+    assert "No clear winner" in noisy.markdown.read_text()
+    # A small sample: the acceptance interval straddles zero.
+    few = report.build([ab_dir(tmp_path / "few", [("keep", 0.9), ("discard", 1.0)], [("discard", 1.1)])])
+    v = few.summary["verdict"]
+    assert v["winner"] is None and v["acceptance_ci95"][0] <= 0 <= v["acceptance_ci95"][1]
+    # The bootstrap is seeded: the same ledgers give the same interval.
+    again = report.build([tmp_path / "few"]).summary["verdict"]
+    assert again["acceptance_ci95"] == v["acceptance_ci95"]
+
+
+def test_figures_and_mid_run(tmp_path: Path):
+    root = tmp_path / "mid"
+    write_ledger(root / "a" / "results.tsv", [("keep", 0.9), ("crash", None), ("discard", 1.1)], cost=None)
+    built = report.build([root])  # b has not measured its baseline yet
+    (arm,) = built.summary["arms"]
+    assert arm["gpu_minutes_discarded_failed"] == pytest.approx((5 + 60) / 60)
+    assert arm["gpu_duty"] == pytest.approx((60 * 3 + 5) / (61 + 100 * 3))
+    assert arm["cost_usd"] is None and arm["improvement_per_usd"] is None  # unknown, not zero
+    assert arm["improvement_per_1m_tokens"] == pytest.approx(0.1 / (3 * 22_000 / 1e6))
+    assert arm["mean_agent_s"] == 30.0 and arm["input_tokens_per_iteration"] == 20_000
+    assert built.summary["verdict"]["text"] == ["One run only: nothing to compare."]
+    with pytest.raises(HarnessError, match="no results.tsv"):
+        report.build([tmp_path / "nothing-here"])
+
+
+def test_names_at_maps_changed_lines_to_globals_and_functions():
+    source = "LR = 0.1  # rate\nclass Net:\n    def forward(self, x):\n        return x * 2\n\n" \
+             "def train():\n    pass\nimport os\n"
+    assert names_at(source, {1}) == ({"LR"}, set())
+    assert names_at(source, {4}) == (set(), {"Net.forward"})
+    assert names_at(source, {7, 8}) == (set(), {"train", "(module level)"})
+    assert names_at("def broken(:\n", {1}) is None
+
+
+def test_convergent_findings_from_real_diffs(tmp_path: Path):
+    repo = tmp_path / "r"
+    repo.mkdir()
+    base = "LR = 0.1\nWIDTH = 64\n\n\ndef loss(x):\n    return x\n\n\ndef other():\n    return 1\n"
+    (repo / "train.py").write_text(base)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
+    root = git(repo, "rev-parse", "HEAD")
+    kept = {}
+    for arm, text in (("a", base.replace("LR = 0.1", "LR = 0.2").replace("return x\n", "return x * 2\n")),
+                      ("b", base.replace("LR = 0.1", "LR = 0.05").replace("WIDTH = 64", "WIDTH = 128")
+                       .replace("return x\n", "return -x\n").replace("return 1", "return 2"))):
+        git(repo, "checkout", "-q", "-B", arm, root)
+        (repo / "train.py").write_text(text)
+        git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", arm)
+        kept[arm] = git(repo, "rev-parse", "HEAD")
+    assert changed_names(repo, [(root, kept["b"])], ("train.py",)) == {
+        "hyperparameters": ["LR", "WIDTH"], "code": ["loss", "other"]}
+    assert changed_names(repo, [(None, "f" * 40)], ("train.py",)) is None
+    run = tmp_path / "runs" / "cv"
+    for arm in "ab":
+        write_ledger(run / arm / "results.tsv", [("keep", 0.9)])
+        text = (run / arm / "results.tsv").read_text().replace(f"{1:012x}", kept[arm][:12])
+        (run / arm / "results.tsv").write_text(text)  # no parent column value: diffed against commit^
+        (run / arm / "run.json").write_text(json.dumps({"config": {"editable": ["train.py"],
+                                                                   "repo": str(repo)}}))
+        shutil.copytree(repo / ".git", run / arm / "worktree" / ".git")
+    conv = report.build([run]).summary["convergent"]
+    assert conv["hyperparameters"] == ["LR"] and conv["code"] == ["loss"]
+    assert conv["per_arm"]["b"]["hyperparameters"] == ["LR", "WIDTH"]
+
+
+def test_html_renders_its_plots_in_headless_chromium(tmp_path: Path):
+    if not CHROMIUM.exists():
+        pytest.skip("/usr/bin/chromium is missing: install it with `apt-get install -y chromium` "
+                    "to check the HTML report as a browser renders it")
+    good = [("keep", 0.95), ("discard", 0.97), ("keep", 0.9), ("crash", None), ("keep", 0.85)]
+    bad = [("discard", 1.1), ("keep", 0.98), ("discard", 1.05), ("timeout", None), ("discard", 1.2)]
+    built = report.build([ab_dir(tmp_path / "run", good, bad)])
+    text = built.html.read_text()
+    assert not re.search(r'(src|href)\s*=\s*"(?!data:)', text)  # self-contained: no external URL
+    png = tmp_path / "shot.png"
+    subprocess.run([str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                    "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                    "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={png}",
+                    "--window-size=1200,2400", built.html.resolve().as_uri()],
+                   check=True, capture_output=True, timeout=120)
+    import numpy as np
+    from matplotlib import image
+
+    pixels = (image.imread(png)[:, :, :3] * 255).round().astype(int)
+    assert pixels.std() > 10  # not a blank page
+    colours = np.unique(pixels.reshape(-1, 3), axis=0)
+    assert len(colours) > 200  # antialiased plot lines and markers, not only text
+
+    def near(rgb: str) -> int:
+        target = np.array([int(rgb[i:i + 2], 16) for i in (1, 3, 5)])
+        return int((np.abs(pixels - target).max(axis=2) < 30).sum())
+
+    assert near("#1f77b4") > 500 and near("#e377c2") > 500  # both arms' best-so-far lines
+    assert near("#2ca02c") > 100  # kept experiments' markers
