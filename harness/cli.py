@@ -9,7 +9,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from . import __version__, loop, status as status_mod
+from . import __version__, loop, rerun as rerun_mod, status as status_mod
 from .config import resolve
 from .errors import HarnessError
 from .initrepo import init_example, init_repo
@@ -45,6 +45,22 @@ def run_options(fn):
         click.option("--seed", type=int, default=None, help="Seed for training and the mutate researcher."),
         click.option("--max-tokens", type=int, default=None, help="Stop before the run's tokens would pass N."),
         click.option("--max-cost", type=float, default=None, help="Stop before the run's cost would pass USD."),
+        click.option("--gate", type=click.Choice(["strict", "noise"]), default=None,
+                     help="Keep rule: any improvement (strict) or beyond the noise floor (noise, default)."),
+        click.option("--baseline-runs", type=int, default=None, help="Train the baseline K times (noise floor)."),
+        click.option("--confirm", type=int, default=None, help="Extra runs to confirm a borderline win."),
+        click.option("--min-delta", type=float, default=None, help="Smallest improvement worth keeping."),
+        click.option("--wire-api", type=click.Choice(["responses", "chat"]), default=None,
+                     help="openai: the Responses API (default) or Chat Completions (vLLM, Ollama, routers)."),
+        click.option("--base-url", default=None, help="openai: the server's URL (default $OPENAI_BASE_URL or OpenAI's)."),
+        click.option("--temperature", type=float, default=None, help="openai: sampling temperature."),
+        click.option("--reasoning-effort", default=None, help="openai/codex: reasoning effort (low, medium, high...)."),
+        click.option("--request-timeout", type=float, default=None, help="openai: seconds per request (default 600)."),
+        click.option("--max-retries", type=int, default=None, help="openai: retries of a 429/5xx/timeout (default 4)."),
+        click.option("--repair-turns", type=int, default=None, help="openai: follow-ups when an edit does not apply (default 2)."),
+        click.option("--prices", type=click.Path(dir_okay=False, exists=True), default=None,
+                     help="A TOML price file over the packaged table (also $HARNESS_PRICES)."),
+        click.option("--force", is_flag=True, default=None, help="Resume even if the model, backend, base URL or key changed."),
         click.option("--resume", is_flag=True, help="Continue the run with this tag."),
     ]
     for opt in reversed(opts):
@@ -52,8 +68,14 @@ def run_options(fn):
     return fn
 
 
+AGENT_OPTIONS = ("wire_api", "base_url", "temperature", "reasoning_effort", "request_timeout",
+                 "max_retries", "repair_turns", "prices", "force")
+
+
 def build_config(repo: Path, tag: str | None, **flags: Any):
     tag = tag or time.strftime("%b%d").lower()
+    options = {k: flags.pop(k) for k in AGENT_OPTIONS if k in flags}
+    flags["agent_options"] = {k: v for k, v in options.items() if v not in (None, False)} or None
     return resolve(repo, tag, flags)
 
 
@@ -115,6 +137,22 @@ def step(repo, tag, resume, **flags):
 
 
 @main.command()
+@run_options
+@click.option("--hours", type=float, default=8.0, show_default=True, help="The night to project.")
+@friendly
+def check(repo, tag, resume, hours, **flags):
+    """Smoke test before a night: one researcher call and one baseline run, nothing committed.
+
+    Prints the researcher's latency, tokens and cost per call, the training time, and the
+    projected iterations and cost for --hours.
+    """
+    from . import check as check_mod
+    cfg = build_config(repo, tag or "check", **flags)
+    err.print(f"checking {cfg.agent} {cfg.model or ''}: one researcher call, then one baseline run ...")
+    click.echo(check_mod.render(check_mod.run_check(cfg, hours)))
+
+
+@main.command()
 @click.argument("tag", required=False)
 @click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=".", show_default=True)
 @click.option("--watch", is_flag=True, help="Refresh every few seconds until Ctrl-C.")
@@ -151,3 +189,78 @@ def init(repo, example):
         return
     for line in init_repo(repo):
         err.print(line)
+
+
+@main.command()
+@click.argument("commit", default="HEAD")
+@click.option("--repeat", type=int, default=5, show_default=True, help="How many times to train it.")
+@click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=".", show_default=True)
+@click.option("--time-budget", type=float, default=None, help="Seconds of training per run.")
+@click.option("--kill-after", type=float, default=None, help="Hard deadline per run, seconds.")
+@click.option("--max-steps", type=int, default=None, help="Stop each run after N steps.")
+@click.option("--seed", type=int, default=None, help="Seed of the first run (then seed+1, ...).")
+@friendly
+def rerun(commit, repeat, repo, **flags):
+    """Train COMMIT K times and print the mean, sd, min, max and spread of the metric."""
+    cfg = build_config(repo, "rerun", **flags)
+    stats = rerun_mod.rerun(cfg, commit, repeat, progress=lambda k, r: err.print(
+        f"  run {k + 1}/{repeat}: {r.status} {r.value(cfg.metric) if r.status == 'ok' else r.reason}"))
+    sd = "-" if stats.sd is None else f"{stats.sd:.6f}"
+    click.echo(f"commit {stats.commit[:12]}  runs {len(stats.values)}  {cfg.metric} mean {stats.mean:.6f}  "
+               f"sd {sd}  min {min(stats.values):.6f}  max {max(stats.values):.6f}  spread {stats.spread:.6f}")
+    for failure in stats.failures:
+        click.echo(f"failed: {failure}")
+
+
+@main.command()
+@run_options
+@click.option("--agent-a", default=None, help="Arm A's researcher backend (default: --agent).")
+@click.option("--agent-b", default=None, help="Arm B's researcher backend (default: --agent).")
+@click.option("--model-a", default=None, help="Arm A's model (default: --model).")
+@click.option("--model-b", default=None, help="Arm B's model (default: --model).")
+@click.option("--hours", type=float, default=None, help="Hours per arm (interleaved: about twice this in all).")
+@click.option("--iterations", type=int, default=None, help="Iterations per arm (the baseline not counted).")
+@click.option("--schedule", type=click.Choice(["interleave", "sequential", "parallel"]), default=None,
+              help="Default: parallel with two --gpus, else interleave.")
+@click.option("--gpus", default=None, help="One GPU per arm for CUDA_VISIBLE_DEVICES, e.g. 0,1.")
+@friendly
+def ab(repo, tag, resume, agent, model, agent_a, agent_b, model_a, model_b, schedule, gpus, **flags):
+    """Compare two researchers from the same baseline commit, then write the side-by-side report."""
+    from . import ab as ab_mod
+
+    def progress(event: str, data: dict[str, Any]) -> None:
+        err.print(f"[bold cyan]{data.get('arm', '')}[/]", end=" ")
+        if event == "stopping":
+            err.print(data["message"])
+        else:
+            show_progress(event, data)
+
+    options = {k: flags.pop(k) for k in AGENT_OPTIONS if k in flags}
+    flags["agent_options"] = {k: v for k, v in options.items() if v not in (None, False)} or None
+    arms = {"a": (agent_a or agent, model_a or model), "b": (agent_b or agent, model_b or model)}
+    result = ab_mod.run_ab(repo, tag or "ab-" + time.strftime("%b%d").lower(), arms, schedule=schedule,
+                           gpus=gpus, resume=resume, overrides=flags, progress=progress)
+    for name, summary in result.summaries.items():
+        err.print(f"\n[bold]arm {name}[/]")
+        print_summary(summary)
+    err.print("\n" + "\n".join(result.report.summary["verdict"]["text"]))
+    click.echo(result.report.markdown)
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write the report here (default: the run folder; required for several runs).")
+@friendly
+def report(paths, out):
+    """Rebuild report.md, report.html and summary.json from run folders or results.tsv files.
+
+    Works at any time (mid-run too), on an A/B folder (runs/<tag> with a/ and b/), and on
+    karpathy/autoresearch's five-column results.tsv (missing figures are shown as unknown).
+    """
+    from . import report as report_mod
+
+    built = report_mod.build(list(paths), out)
+    err.print("\n".join(built.summary["verdict"]["text"]))
+    click.echo(built.markdown)
+    click.echo(built.html)

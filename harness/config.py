@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .decide import GateSettings
 from .errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -38,6 +39,11 @@ WORKLOAD_DEFAULTS: dict[str, Any] = {
     "stall_after": 20,  # min without training output before the job is killed
     "keep_ties": False,
     "seed": 42,
+    "gate": "noise",  # strict: any improvement; noise: beyond the measured noise floor
+    "baseline_runs": 2,  # baseline trainings; their spread is the first noise estimate
+    "confirm": 2,  # extra runs (other seeds) that confirm a win before it is kept
+    "min_delta": 0.0,  # smallest improvement worth keeping, metric units
+    "z": 2.0,  # standard errors an improvement must exceed under the noise gate
 }
 
 TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -78,6 +84,19 @@ def _check_value(key: str, value: Any) -> Any:
         want(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
              "a non-negative integer")
         return value
+    if key == "gate":
+        want(value in ("strict", "noise"), "'strict' or 'noise'")
+        return value
+    if key in ("baseline_runs",):
+        want(isinstance(value, int) and not isinstance(value, bool) and value >= 1, "an integer >= 1")
+        return value
+    if key == "confirm":
+        want(isinstance(value, int) and not isinstance(value, bool) and value >= 0, "an integer >= 0")
+        return value
+    if key in ("min_delta", "z"):
+        want(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
+             "a non-negative number")
+        return float(value)
     if key == "keep_ties":
         want(isinstance(value, bool), "true or false")
         return value
@@ -126,6 +145,11 @@ class RunConfig:
     stall_after: float  # min
     keep_ties: bool
     seed: int
+    gate: str
+    baseline_runs: int
+    confirm: int
+    min_delta: float
+    z: float
     hours: float | None = None
     iterations: int | None = None
     from_rev: str = "HEAD"
@@ -135,6 +159,7 @@ class RunConfig:
     config_file: str | None = None
     arm: str = ""  # A/B arm name ("a", "b"); "" for a single run
     run_root: Path | None = None  # where the run's files live; default repo/runs/<tag>
+    gpu: str | None = None  # CUDA_VISIBLE_DEVICES for this run's training; None = inherited
 
     @property
     def branch(self) -> str:
@@ -156,11 +181,9 @@ class RunConfig:
     def logs_dir(self) -> Path:
         return self.run_dir / "logs"
 
-    def better(self, value: float, best: float) -> bool:
-        """Is value an improvement on best under this run's direction and tie rule?"""
-        if self.direction == "maximize":
-            value, best = -value, -best
-        return value <= best if self.keep_ties else value < best
+    @property
+    def gate_settings(self) -> "GateSettings":
+        return GateSettings(self.gate, self.direction, self.keep_ties, self.min_delta, self.z)
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -181,7 +204,7 @@ def resolve(repo: Path, tag: str, overrides: dict[str, Any]) -> RunConfig:
             merged[key] = _check_value(key, value)
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from e
-    run_only = {"hours", "iterations", "from_rev", "max_tokens", "max_cost", "agent_options", "arm", "run_root"}
+    run_only = {"hours", "iterations", "from_rev", "max_tokens", "max_cost", "agent_options", "arm", "run_root", "gpu"}
     extra: dict[str, Any] = {}
     for key, value in overrides.items():
         if value is None:

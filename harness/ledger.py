@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-STATUSES = ("keep", "discard", "crash", "timeout", "invalid", "skip", "budget")
+# `repeat` marks an extra training run of a candidate (baseline repeats, confirmation runs):
+# its own row, so the GPU time it spent is visible, linked by the `candidate` column.
+STATUSES = ("keep", "discard", "crash", "timeout", "invalid", "skip", "budget", "repeat")
 
 # Columns after the metric column, in order. The schema only ever grows at the end.
 TAIL_COLUMNS = (
@@ -21,9 +23,12 @@ TAIL_COLUMNS = (
     "iteration", "arm", "agent", "model", "parent", "best_before", "delta", "started_at",
     "agent_s", "train_s", "wall_s", "input_tokens", "cached_tokens", "output_tokens",
     "cost_usd", "retries", "log",
+    "seed", "candidate", "runs", "mean", "sigma",
 )
 NUMERIC = {"memory_gb", "iteration", "best_before", "delta", "agent_s", "train_s", "wall_s",
-           "input_tokens", "cached_tokens", "output_tokens", "cost_usd", "retries"}
+           "input_tokens", "cached_tokens", "output_tokens", "cost_usd", "retries",
+           "seed", "candidate", "runs", "mean", "sigma"}
+INTEGER = {"iteration", "input_tokens", "cached_tokens", "output_tokens", "retries", "seed", "candidate", "runs"}
 
 
 def columns(metric: str) -> list[str]:
@@ -60,6 +65,11 @@ class Row:
     cost_usd: float | None = None
     retries: int | None = None
     log: str = ""
+    seed: int | None = None
+    candidate: int | None = None  # for `repeat` rows: the iteration they repeat
+    runs: int | None = None  # training runs behind this decision (1 + confirmations)
+    mean: float | None = None  # the mean over those runs: the value that was compared
+    sigma: float | None = None  # the noise floor at decision time
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -149,7 +159,7 @@ def _parse(key: str, raw: str) -> Any:
             value = float(raw)
         except ValueError:
             return None
-        if key in ("iteration", "input_tokens", "cached_tokens", "output_tokens", "retries"):
+        if key in INTEGER:
             return int(value)
         return value
     return raw
@@ -173,3 +183,8 @@ def best_row(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The current best is the last kept row (each keep beat the one before it)."""
     kept = [r for r in rows if r.get("status") == "keep"]
     return kept[-1] if kept else None
+
+
+def decided_value(row: dict[str, Any]) -> float | None:
+    """The value a decision compared: the mean over a candidate's runs, else its one run."""
+    return row.get("mean") if row.get("mean") is not None else row.get("metric")

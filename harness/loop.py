@@ -9,6 +9,7 @@ import hashlib
 import json
 import platform
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -17,13 +18,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
-from . import __version__, ledger, pricing
-from .agents import Researcher, make_researcher
+from . import __version__, decide, ledger, pricing
+from .agents import Researcher, make_researcher, routing_mismatch
 from .config import RunConfig
 from .errors import RepoError
 from .gitgate import GitGate, sha256_file
 from .ledger import Row
-from .step import INTERRUPTED, Context, RunState, clear_journal, evaluate, journal_path, now_iso, rel, run_step
+from .step import (INTERRUPTED, Context, RunState, clear_journal, evaluate, journal_path, memory_gb,
+                   now_iso, rel, repeat_row, run_step)
 
 Progress = Callable[[str, dict[str, Any]], None]
 
@@ -126,25 +128,38 @@ def link_results(cfg: RunConfig) -> None:
 
 
 def baseline(ctx: Context, state_base: str, progress: Progress) -> RunState:
+    """Train the unmodified code --baseline-runs times; the spread is the first noise estimate."""
     cfg = ctx.cfg
-    progress("baseline", {"commit": state_base})
+    progress("baseline", {"commit": state_base, "runs": cfg.baseline_runs})
     log = cfg.logs_dir / "iter-0000.log"
     started_at, t0 = now_iso(), time.monotonic()
     result = evaluate(cfg, cfg.worktree, log, cfg.seed)
-    value = result.value(cfg.metric)
+    model = pricing.resolve_model(cfg.model) or ""
+    repeats, values = [], [result.value(cfg.metric)]
+    for j in range(1, cfg.baseline_runs if result.status == "ok" else 1):
+        log_j = cfg.logs_dir / f"iter-0000-r{j}.log"
+        rerun = evaluate(cfg, cfg.worktree, log_j, cfg.seed + j)
+        repeats.append(repeat_row(cfg, rerun, 0, state_base, cfg.seed + j, log_j, ctx.researcher.name, model))
+        if rerun.status != "ok":
+            result, log = rerun, log_j
+            break
+        values.append(rerun.value(cfg.metric))
     status = "keep" if result.status == "ok" else result.status
-    row = Row(commit=state_base, metric=value, status=status,
+    sigma = decide.pooled_sigma([values])
+    row = Row(commit=state_base, metric=values[0], status=status,
               description="baseline" if status == "keep" else f"baseline [{result.reason}]",
-              iteration=0, arm=cfg.arm, memory_gb=(result.metrics.get("peak_vram_mb") or 0) / 1024 if result.metrics else None,
-              agent=ctx.researcher.name, model=pricing.resolve_model(cfg.model) or "",
-              started_at=started_at, train_s=round(result.train_s, 3),
-              wall_s=round(time.monotonic() - t0, 3), log=rel(cfg, log))
-    ledger.append(cfg.ledger_path, cfg.metric, row)
+              iteration=0, arm=cfg.arm, memory_gb=memory_gb(result), agent=ctx.researcher.name,
+              model=model, started_at=started_at, train_s=round(result.train_s, 3),
+              wall_s=round(time.monotonic() - t0, 3), log=rel(cfg, log), seed=cfg.seed,
+              runs=len(values), mean=statistics.fmean(values) if len(values) > 1 else None, sigma=sigma)
+    for r in (row, *repeats):
+        ledger.append(cfg.ledger_path, cfg.metric, r)
     if status != "keep":
         raise RepoError(f"the baseline did not produce {cfg.metric} ({result.reason}). Fix the training "
                         f"code so it runs on its own; see {log}. Then run again with --resume.")
     hashes = {p: sha256_file(cfg.worktree / p) for p in cfg.protected}
-    return RunState(state_base, state_base, value, 0, hashes)
+    return RunState(state_base, state_base, statistics.fmean(values), 0, hashes,
+                    best_runs=len(values), sigma=sigma, sigma_dof=len(values) - 1)
 
 
 def reconcile(ctx: Context, base: str) -> RunState | None:
@@ -171,7 +186,10 @@ def reconcile(ctx: Context, base: str) -> RunState | None:
     tried = set(tried_file.read_text().split()) if tried_file.exists() else set()
     hashes = {p: sha256_file(cfg.worktree / p) for p in cfg.protected}
     last = max((r.get("iteration") or 0) for r in rows)
-    return RunState(base, best_commit, best["metric"], last, hashes, tried)
+    state = RunState(base, best_commit, ledger.decided_value(best), last, hashes, tried,
+                     best_runs=best.get("runs") or 1)
+    state.update_sigma(rows)
+    return state
 
 
 def open_run(cfg: RunConfig, resume: bool, progress: Progress = _quiet,
@@ -186,6 +204,11 @@ def open_run(cfg: RunConfig, resume: bool, progress: Progress = _quiet,
         gate.attach_worktree(cfg.worktree, cfg.branch)
         manifest = json.loads((cfg.run_dir / "run.json").read_text()) if (cfg.run_dir / "run.json").exists() else {}
         base = manifest.get("baseline_commit", base)
+        changed = routing_mismatch(manifest, researcher.name, pricing.resolve_model(cfg.model),
+                                   researcher.describe())
+        if changed and not cfg.agent_options.get("force"):
+            raise RepoError(f"run {cfg.tag} was started with other researcher routing ({'; '.join(changed)}). "
+                            f"Resume with the run's own --agent/--model/--base-url and key, or pass --force.")
     else:
         if cfg.worktree.exists() or cfg.ledger_path.exists():
             raise RepoError(f"{cfg.run_dir} already holds a run; choose another --tag or remove it.")
@@ -209,14 +232,15 @@ def summarize(cfg: RunConfig, state: RunState | None, stopped: str) -> Summary:
     rows = ledger.read_rows(cfg.ledger_path)
     counts: dict[str, int] = {}
     for r in rows[1:]:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
+        if r["status"] != "repeat":
+            counts[r["status"]] = counts.get(r["status"], 0) + 1
     costs = [r.get("cost_usd") for r in rows[1:] if r.get("agent_s") is not None]
     known = [c for c in costs if c is not None]
     best = ledger.best_row(rows)
     return Summary(
         tag=cfg.tag, branch=cfg.branch,
-        baseline_value=rows[0].get("metric") if rows else None,
-        best_value=best.get("metric") if best else None,
+        baseline_value=ledger.decided_value(rows[0]) if rows else None,
+        best_value=ledger.decided_value(best) if best else None,
         best_commit=best.get("commit", "") if best else "",
         iterations=sum(counts.values()) - counts.get("budget", 0), counts=counts,
         input_tokens=sum(r.get("input_tokens") or 0 for r in rows),
@@ -233,6 +257,9 @@ def budget_reason(cfg: RunConfig, rows: list[dict[str, Any]]) -> str | None:
     tokens = [(r.get("input_tokens") or 0) + (r.get("output_tokens") or 0) for r in done]
     if cfg.max_tokens is not None and sum(tokens) + sum(tokens) / len(tokens) > cfg.max_tokens:
         return f"the next iteration would pass --max-tokens {cfg.max_tokens} (spent {sum(tokens)})"
+    if cfg.max_cost is not None and any(r.get("cost_usd") is None and t for r, t in zip(done, tokens)):
+        return (f"--max-cost {cfg.max_cost:g} cannot be enforced: model {cfg.model or '?'} has no price "
+                f"(add one with --prices FILE)")
     costs = [r.get("cost_usd") or 0.0 for r in done]
     if cfg.max_cost is not None and sum(costs) + sum(costs) / len(costs) > cfg.max_cost:
         return f"the next iteration would pass --max-cost {cfg.max_cost:g} USD (spent {sum(costs):.4f})"

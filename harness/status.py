@@ -28,14 +28,14 @@ def render_text(path: Path, last: int = 10) -> str:
     counts: dict[str, int] = {}
     for r in rows[1:]:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
-    base = rows[0].get("metric")
+    base = ledger.decided_value(rows[0])
     best = ledger.best_row(rows)
-    best_value = best.get("metric") if best else None
+    best_value = ledger.decided_value(best) if best else None
     tokens_in = sum(r.get("input_tokens") or 0 for r in rows)
     tokens_out = sum(r.get("output_tokens") or 0 for r in rows)
     costs = [r.get("cost_usd") for r in rows[1:] if r.get("agent_s") is not None]
     cost = "unknown" if any(c is None for c in costs) else f"${sum(costs):.4f}"
-    evaluated = sum(v for k, v in counts.items() if k != "budget")
+    evaluated = sum(v for k, v in counts.items() if k not in ("budget", "repeat"))
     lines = [
         f"run: {path.parent.name}   ledger: {path}",
         f"experiments: {evaluated}   " + "  ".join(f"{k}: {v}" for k, v in sorted(counts.items())),

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import ledger, pricing, prompt
+from . import decide, ledger, pricing, prompt
 from .agents import Proposal, Researcher, Task
 from .config import RunConfig
 from .gitgate import Worktree, content_hash, sha256_file
@@ -32,6 +33,13 @@ class RunState:
     protected_hashes: dict[str, str | None]
     tried: set[str] = field(default_factory=set)
     last_failure_log: Path | None = None
+    best_runs: int = 1  # training runs behind best_value (a mean when more than one)
+    sigma: float | None = None  # pooled run-to-run noise of identical code; None = unknown
+    sigma_dof: int = 0  # degrees of freedom behind sigma
+
+    def update_sigma(self, rows: list[dict]) -> None:
+        groups = decide.repeat_groups(rows)
+        self.sigma, self.sigma_dof = decide.pooled_sigma(groups), decide.pooled_dof(groups)
 
 
 @dataclass
@@ -122,6 +130,8 @@ def evaluate(cfg: RunConfig, worktree: Path, log_path: Path, seed: int) -> Train
              "HARNESS_RESULT_FILE": str(log_path.with_suffix(".result.json"))}
     if cfg.max_steps is not None:
         extra["HARNESS_MAX_STEPS"] = str(cfg.max_steps)
+    if cfg.gpu is not None:  # an A/B arm's (or a lane's) own GPU
+        extra["CUDA_VISIBLE_DEVICES"] = cfg.gpu
     env = training_env(dict(os.environ), extra)
     return run_training(cfg.train_command, worktree, env, log_path, cfg.metric,
                         kill_after_s=cfg.kill_after, stall_after_s=cfg.stall_after * 60)
@@ -221,9 +231,49 @@ def run_step(ctx: Context, state: RunState) -> Row:
         ctx.wt.reset_hard(parent)
         state.last_failure_log = train_log
         return finish(row(result.status, f"{description} [{result.reason}]", commit, result, train_log))
-    value = result.value(cfg.metric)
-    if cfg.better(value, best_before):
-        state.best_commit, state.best_value = commit, value
-        return finish(row("keep", description, commit, result, train_log))
-    ctx.wt.reset_hard(parent)
-    return finish(row("discard", description, commit, result, train_log))
+    # Decide; under the noise gate a win is confirmed on other seeds before it is kept.
+    values, repeats = [result.value(cfg.metric)], []
+    verdict, _ = decide.decide(cfg.gate_settings, values, best_before, state.best_runs, state.sigma,
+                               can_confirm=cfg.confirm > 0, dof=state.sigma_dof)
+    if verdict == decide.CONFIRM:
+        for j in range(1, cfg.confirm + 1):
+            log_j = cfg.logs_dir / f"iter-{iteration:04d}-r{j}.log"
+            rerun = evaluate(cfg, cfg.worktree, log_j, cfg.seed + j)
+            repeats.append(repeat_row(cfg, rerun, iteration, commit, cfg.seed + j, log_j, ctx.researcher.name, model))
+            if rerun.status != "ok":
+                break
+            values.append(rerun.value(cfg.metric))
+        verdict, _ = decide.decide(cfg.gate_settings, values, best_before, state.best_runs, state.sigma,
+                                   can_confirm=False, dof=state.sigma_dof)
+        if len(values) < cfg.confirm + 1:
+            verdict, description = decide.DISCARD, f"{description} [a confirmation run failed]"
+    mean = statistics.fmean(values)
+    primary = row("keep" if verdict == decide.KEEP else "discard", description, commit, result, train_log)
+    primary.runs, primary.seed, primary.sigma = len(values), cfg.seed, state.sigma
+    primary.delta = mean - best_before
+    if len(values) > 1:
+        primary.mean = mean
+        primary.description = ledger.one_line(f"{description} [mean of {len(values)} runs]")
+    if verdict == decide.KEEP:
+        state.best_commit, state.best_value, state.best_runs = commit, mean, len(values)
+    else:
+        ctx.wt.reset_hard(parent)
+    for r in (primary, *repeats):
+        ledger.append(cfg.ledger_path, cfg.metric, r)
+    if repeats:
+        state.update_sigma(ledger.read_rows(cfg.ledger_path))
+    clear_journal(cfg)
+    state.iteration = iteration
+    return primary
+
+
+def repeat_row(cfg: RunConfig, result: TrainResult, candidate: int, commit: str, seed: int,
+               log: Path, agent: str, model: str | None) -> Row:
+    """An extra training run of identical code: its own row, linked to its candidate."""
+    status = "repeat" if result.status == "ok" else result.status
+    reason = "" if result.status == "ok" else f" [{result.reason}]"
+    return Row(commit=commit, metric=result.value(cfg.metric), status=status,
+               description=f"repeat of iteration {candidate} (seed {seed}){reason}",
+               iteration=candidate, arm=cfg.arm, agent=agent, model=model or "",
+               memory_gb=memory_gb(result), started_at=now_iso(), train_s=round(result.train_s, 3),
+               wall_s=round(result.train_s, 3), seed=seed, candidate=candidate, log=rel(cfg, log))

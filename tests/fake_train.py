@@ -14,6 +14,19 @@ SLEEP_S = 0.0  # seconds of "training"
 MODE = "ok"  # ok | crash | fail | nan | nometric | hang | stubborn_child
 
 budget = float(os.environ.get("HARNESS_TIME_BUDGET", "300"))
+# Run-to-run noise, like a fixed wall-clock budget on a GPU: FAKE_NOISE is its std. With
+# FAKE_COUNTER (a file that numbers the runs) the noise is reproducible across test runs.
+noise = float(os.environ.get("FAKE_NOISE", "0"))
+if noise:
+    import random
+    counter = os.environ.get("FAKE_COUNTER")
+    if counter:
+        index = int(open(counter).read() or 0) if os.path.exists(counter) else 0
+        open(counter, "w").write(str(index + 1))
+        rng = random.Random(index)
+    else:
+        rng = random.Random()
+    VALUE = VALUE + rng.gauss(0.0, noise)
 print(f"fake training, budget {budget}s, seed {os.environ.get('HARNESS_SEED')}", flush=True)
 if MODE == "hang":
     while True:

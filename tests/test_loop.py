@@ -14,6 +14,7 @@ from conftest import ScriptedResearcher, git
 
 
 def config(repo: Path, tag: str = "t1", **overrides):
+    overrides.setdefault("baseline_runs", 1)  # the fake trainer is deterministic: no noise to measure
     return resolve(repo, tag, overrides)
 
 

@@ -49,6 +49,7 @@ import os
 LEARNING_RATE = 3e-3  # peak lr
 BATCH_SIZE = 32  # sequences
 DEPTH = 4
+LOG_EVERY = 25
 WARMDOWN_FRAC = 0.5
 WEIGHT_DECAY = 0.0
 DEVICE = "cpu"

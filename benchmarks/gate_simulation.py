@@ -1,0 +1,139 @@
+"""The keep rule under noise: `strict` vs `noise` on the same 300 proposals with known true effects.
+
+A fake trainer reports the code's hidden true quality (VALUE) plus Gaussian noise, as a
+fixed wall-clock budget does on a GPU. The proposals' true effects are mostly zero or small
+and harmful, a few are real improvements. Each gate runs the full loop (real git, real
+subprocesses) on the same proposals; printed side by side: false keeps, missed real
+improvements, the true quality of the final best, and true improvement per GPU-hour of
+training (every training run counted as one budget of GPU time, confirmations included).
+
+    python benchmarks/gate_simulation.py [--proposals 300] [--noise 0.005]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from harness import ledger, loop  # noqa: E402
+from harness.agents import Proposal  # noqa: E402
+from harness.config import resolve  # noqa: E402
+
+BUDGET_S = 300  # simulated GPU seconds per training run
+BASE_QUALITY = 1.0
+
+
+def effects(n: int, seed: int, zero_p: float = 0.55, real_p: float = 0.05, harm_sd: float = 3.0,
+            lo: float = 2.0, hi: float = 8.0) -> list[float]:
+    """True effects on the metric (negative = better), in units of the noise sd: zero_p of
+    them zero, real_p real improvements of lo to hi sd, the rest small harm of 0 to harm_sd."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        u = rng.random()
+        if u < zero_p:
+            out.append(0.0)
+        elif u < 1 - real_p:
+            out.append(rng.uniform(0.0, harm_sd))
+        else:
+            out.append(-rng.uniform(lo, hi))
+    return out
+
+
+class KnownEffectResearcher:
+    """Applies proposal i's true effect to the current code's VALUE (the hidden true quality)."""
+    name = "simulated"
+    model = None
+
+    def __init__(self, effects: list[float]):
+        self.effects = effects
+
+    def describe(self):
+        return {"backend": "simulated"}
+
+    def propose(self, task):
+        i = task.iteration - 1
+        train = task.worktree / "train.py"
+        text = train.read_text()
+        value = float(re.search(r"^VALUE = (\S+)", text, re.M).group(1))
+        text = re.sub(r"^VALUE = \S+", f"VALUE = {value + self.effects[i]!r}", text, count=1, flags=re.M)
+        train.write_text(text + f"# proposal {i}\n")  # unique code even for a zero effect
+        return Proposal(f"proposal {i} (true effect {self.effects[i]:+.4f})")
+
+
+def make_repo(root: Path) -> Path:
+    root.mkdir(parents=True)
+    (root / "train.py").write_text((ROOT / "tests" / "fake_train.py").read_text())
+    (root / "prepare.py").write_text("# protected\n")
+    (root / "program.md").write_text("{{BEST}}\n")
+    (root / "harness.toml").write_text(f'train_command = "{sys.executable} train.py"\ntime_budget = 1\n')
+    for argv in (["git", "init", "-q"], ["git", "add", "-A"],
+                 ["git", "-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qm", "init"]):
+        subprocess.run(argv, cwd=root, check=True)
+    return root
+
+
+def simulate(gate: str, proposals: list[float], noise: float, tmp: Path) -> dict:
+    repo = make_repo(tmp / gate)
+    os.environ["FAKE_NOISE"] = str(noise)
+    os.environ["FAKE_COUNTER"] = str(tmp / f"{gate}.counter")
+    cfg = resolve(repo, gate, {"gate": gate, "iterations": len(proposals),
+                               "baseline_runs": 1 if gate == "strict" else 3})
+    t0 = time.monotonic()
+    loop.run(cfg, researcher=KnownEffectResearcher(proposals))
+    rows = ledger.read_rows(cfg.ledger_path)
+    primary = {r["iteration"]: r for r in rows if r["status"] != "repeat"}
+    kept = [i for i, r in primary.items() if i > 0 and r["status"] == "keep"]
+    true_final = BASE_QUALITY + sum(proposals[i - 1] for i in kept)
+    runs = sum(1 for r in rows if r.get("train_s") is not None)
+    gpu_h = runs * BUDGET_S / 3600
+    return {
+        "gate": gate, "keeps": len(kept),
+        "false_keeps": sum(1 for i in kept if proposals[i - 1] >= 0),
+        "harm_kept": sum(proposals[i - 1] for i in kept if proposals[i - 1] > 0),
+        "missed_real": sum(1 for i, e in enumerate(proposals, 1) if e < 0 and i not in kept),
+        "real": sum(1 for e in proposals if e < 0),
+        "true_final": true_final, "runs": runs, "gpu_h": gpu_h,
+        "gain_per_gpu_h": (BASE_QUALITY - true_final) / gpu_h, "wall_s": time.monotonic() - t0,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--proposals", type=int, default=300)
+    parser.add_argument("--noise", type=float, default=0.005, help="std of the run-to-run noise")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--zero", type=float, default=0.55, help="share of proposals with no effect")
+    parser.add_argument("--real", type=float, default=0.05, help="share of real improvements (2 to 8 sd)")
+    parser.add_argument("--harm-sd", type=float, default=3.0, help="the rest harm by 0 to this many sd")
+    args = parser.parse_args()
+    proposals = [e * args.noise for e in effects(args.proposals, args.seed, args.zero, args.real, args.harm_sd)]
+    with tempfile.TemporaryDirectory() as tmp:
+        results = [simulate(g, proposals, args.noise, Path(tmp)) for g in ("strict", "noise")]
+    print(f"{args.proposals} proposals, noise sd {args.noise}, {results[0]['real']} real improvements; "
+          f"true baseline {BASE_QUALITY}")
+    print(f"{'':28}{'strict':>12}{'noise':>12}")
+    rows = [("keeps", "keeps", "{:d}"), ("false keeps (effect >= 0)", "false_keeps", "{:d}"),
+            ("true harm kept", "harm_kept", "{:.4f}"),
+            ("missed real improvements", "missed_real", "{:d}"), ("true quality of final best", "true_final", "{:.4f}"),
+            ("training runs", "runs", "{:d}"), ("GPU-hours (300 s/run)", "gpu_h", "{:.1f}"),
+            ("true improvement / GPU-hour", "gain_per_gpu_h", "{:.5f}"), ("simulation wall s", "wall_s", "{:.0f}")]
+    for label, key, fmt in rows:
+        print(f"{label:28}" + "".join(f"{fmt.format(r[key]):>12}" for r in results))
+    s, n = results
+    print(f"false keeps strict/noise: {s['false_keeps'] / max(n['false_keeps'], 1):.1f}x"
+          f"{' (noise had none)' if n['false_keeps'] == 0 else ''}; "
+          f"true improvement per GPU-hour noise/strict: {n['gain_per_gpu_h'] / s['gain_per_gpu_h']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""The keep/discard rule: strict, or aware of the run-to-run noise of a fixed-time budget.
+
+A fixed wall-clock budget makes the metric noisy (identical code trains a different number
+of steps each run), so under the `noise` gate a candidate must beat the best by more than
+the noise could explain, and a win is confirmed on more seeds before it is kept.
+All functions here are pure.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+KEEP, DISCARD, CONFIRM = "keep", "discard", "confirm"
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    gate: str = "noise"  # "strict" or "noise"
+    direction: str = "minimize"
+    keep_ties: bool = False
+    min_delta: float = 0.0  # smallest improvement worth keeping, in metric units
+    z: float = 2.0  # how many standard errors an improvement must exceed
+
+
+def improvement(value: float, best: float, direction: str) -> float:
+    """How much better value is than best (positive = better), whatever the direction."""
+    return best - value if direction == "minimize" else value - best
+
+
+# Two-sided 97.5% Student-t quantiles by degrees of freedom: a noise floor estimated from a
+# handful of repeats is itself uncertain, so the bar is raised until enough repeats exist.
+T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
+        10: 2.23, 12: 2.18, 15: 2.13, 20: 2.09, 30: 2.04}
+Z975 = 1.96
+
+
+def small_sample_factor(dof: int | None) -> float:
+    """How much wider a t-interval is than a normal one at this many degrees of freedom."""
+    if not dof:
+        return 1.0
+    known = [d for d in T975 if d <= dof]
+    return T975[max(known)] / Z975 if dof <= max(T975) else 1.0
+
+
+def pooled_dof(groups: Iterable[list[float]]) -> int:
+    return sum(len(g) - 1 for g in groups if len(g) >= 2)
+
+
+def pooled_sigma(groups: Iterable[list[float]]) -> float | None:
+    """Pooled standard deviation of repeated runs of identical code; None without any repeat."""
+    num, dof = 0.0, 0
+    for values in groups:
+        if len(values) >= 2:
+            num += statistics.variance(values) * (len(values) - 1)
+            dof += len(values) - 1
+    return math.sqrt(num / dof) if dof else None
+
+
+def threshold(s: GateSettings, sigma: float | None, n: int, n_best: int, dof: int | None = None) -> float:
+    """The improvement a mean of n runs needs over a best measured n_best times."""
+    if s.gate == "strict" or not sigma:
+        return s.min_delta
+    z = s.z * small_sample_factor(dof)
+    return max(s.min_delta, z * sigma * math.sqrt(1.0 / n + 1.0 / n_best))
+
+
+def decide(s: GateSettings, values: list[float], best: float, n_best: int,
+           sigma: float | None, can_confirm: bool, dof: int | None = None) -> tuple[str, float]:
+    """(keep | discard | confirm, the threshold used) for a candidate's runs so far."""
+    mean = statistics.fmean(values)
+    gain = improvement(mean, best, s.direction)
+    thr = threshold(s, sigma, len(values), n_best, dof)
+    if s.gate == "strict" or not sigma:
+        won = gain > thr or (s.keep_ties and gain >= thr)
+        return (KEEP if won else DISCARD), thr
+    if gain <= thr:
+        return DISCARD, thr
+    # Every win is confirmed before it is kept. A single run that cleared the bar is biased
+    # low by its selection (the winner's curse): confirming borderline and implausible wins,
+    # and all the others too, makes the best a mean the next candidates can fairly beat, and
+    # each confirmation adds repeats to the noise estimate. Wins are rare, so this is cheap.
+    if can_confirm:
+        return CONFIRM, thr
+    return KEEP, thr
+
+
+def repeat_groups(rows: list[dict[str, Any]]) -> list[list[float]]:
+    """Measured values grouped by identical code: a candidate's first run with its repeats."""
+    groups: dict[int, list[float]] = {}
+    for r in rows:
+        if r.get("metric") is None:
+            continue
+        if r.get("status") == "repeat" and r.get("candidate") is not None:
+            groups.setdefault(int(r["candidate"]), []).append(r["metric"])
+        elif (r.get("runs") or 1) > 1 and r.get("iteration") is not None:
+            groups.setdefault(int(r["iteration"]), []).append(r["metric"])
+    return [g for g in groups.values() if len(g) >= 2]

@@ -1,0 +1,147 @@
+"""The noise-aware keep rule: unit tests on constructed ledgers, and end to end with a noisy fake trainer."""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+
+from harness import decide, ledger, loop
+from harness.config import resolve
+from harness.decide import GateSettings
+
+from conftest import ScriptedResearcher, git
+from test_cli import harness
+
+NOISE = GateSettings(gate="noise", z=2.0)
+STRICT = GateSettings(gate="strict")
+
+
+def test_pooled_sigma():
+    assert decide.pooled_sigma([[1.0]]) is None
+    assert decide.pooled_sigma([[1.0, 1.0]]) == 0.0
+    a, b = [1.0, 1.2, 0.8], [5.0, 5.4]
+    pooled = ((statistics.variance(a) * 2 + statistics.variance(b) * 1) / 3) ** 0.5
+    assert decide.pooled_sigma([a, b]) == pytest.approx(pooled)
+
+
+def test_strict_keeps_any_improvement():
+    assert decide.decide(STRICT, [0.999], 1.0, 1, 0.01, True)[0] == "keep"
+    assert decide.decide(STRICT, [1.0], 1.0, 1, 0.01, True)[0] == "discard"
+    ties = GateSettings(gate="strict", keep_ties=True)
+    assert decide.decide(ties, [1.0], 1.0, 1, None, True)[0] == "keep"
+    maxi = GateSettings(gate="strict", direction="maximize")
+    assert decide.decide(maxi, [1.1], 1.0, 1, None, True)[0] == "keep"
+
+
+def test_noise_gate_threshold_and_confirmation():
+    sigma, n_best = 0.01, 2
+    thr = 2 * sigma * (1 + 1 / n_best) ** 0.5  # about 0.0245
+    assert decide.threshold(NOISE, sigma, 1, n_best) == pytest.approx(thr)
+    assert decide.decide(NOISE, [1.0 - 0.02], 1.0, n_best, sigma, True)[0] == "discard"  # within noise
+    assert decide.decide(NOISE, [1.0 - 0.03], 1.0, n_best, sigma, True)[0] == "confirm"  # a win: confirm
+    assert decide.decide(NOISE, [1.0 - 0.3], 1.0, n_best, sigma, True)[0] == "confirm"  # implausible too
+    assert decide.decide(NOISE, [1.0 - 0.03], 1.0, n_best, sigma, False)[0] == "keep"  # confirmed
+    assert decide.decide(NOISE, [0.97, 1.0, 0.99], 1.0, n_best, sigma, False)[0] == "discard"  # mean lost
+    # Few repeats behind sigma raise the bar (Student t); averaging runs lowers it;
+    # min_delta is a floor; no noise estimate falls back to strict.
+    assert decide.threshold(NOISE, sigma, 1, n_best, dof=2) == pytest.approx(thr * 4.30 / 1.96)
+    assert decide.threshold(NOISE, sigma, 1, n_best, dof=100) == pytest.approx(thr)
+    assert decide.threshold(NOISE, sigma, 3, n_best) < thr
+    assert decide.threshold(GateSettings(min_delta=0.1), sigma, 1, 1) == 0.1
+    assert decide.decide(NOISE, [0.999], 1.0, 1, None, True)[0] == "keep"
+
+
+def test_repeat_groups_from_a_constructed_ledger(tmp_path: Path):
+    path = tmp_path / "results.tsv"
+    rows = [
+        ledger.Row("base", 1.00, "keep", "baseline", 0, runs=3, mean=1.01),
+        ledger.Row("base", 1.02, "repeat", "repeat", 0, candidate=0),
+        ledger.Row("base", 1.01, "repeat", "repeat", 0, candidate=0),
+        ledger.Row("c1", 0.97, "discard", "x [mean of 2 runs]", 1, runs=2, mean=0.98),
+        ledger.Row("c1", 0.99, "repeat", "repeat", 1, candidate=1),
+        ledger.Row("c2", 0.90, "discard", "y", 2, runs=1),
+    ]
+    for r in rows:
+        ledger.append(path, "val_bpb", r)
+    groups = decide.repeat_groups(ledger.read_rows(path))
+    assert sorted(sorted(g) for g in groups) == [[0.97, 0.99], [1.0, 1.01, 1.02]]
+    assert ledger.decided_value(ledger.read_rows(path)[0]) == pytest.approx(1.01)
+
+
+def noisy(repo: Path, tmp_path: Path, monkeypatch, noise: float = 0.01):
+    monkeypatch.setenv("FAKE_NOISE", str(noise))
+    monkeypatch.setenv("FAKE_COUNTER", str(tmp_path / "counter"))
+
+
+def neutral(i: int):
+    """A change that does nothing: the code differs (a comment), the true quality does not."""
+    def step(task):
+        from harness.agents import Proposal
+        train = task.worktree / "train.py"
+        train.write_text(train.read_text() + f"# neutral change {i}\n")
+        return Proposal(f"neutral change {i}")
+    return step
+
+
+@pytest.mark.parametrize("gate", ["strict", "noise"])
+def test_noise_gate_keeps_real_wins_not_noise(repo: Path, tmp_path: Path, monkeypatch, gate: str):
+    noisy(repo, tmp_path, monkeypatch)
+    script = [neutral(i) for i in range(12)] + [{"VALUE": 0.95}]
+    cfg = resolve(repo, gate, {"gate": gate, "baseline_runs": 3, "confirm": 2, "iterations": len(script)})
+    loop.run(cfg, researcher=ScriptedResearcher(script))
+    rows = ledger.read_rows(cfg.ledger_path)
+    primary = [r for r in rows if r["status"] != "repeat"]
+    false_keeps = [r for r in primary[1:-1] if r["status"] == "keep"]
+    if gate == "noise":
+        assert false_keeps == []
+        assert primary[-1]["status"] == "keep"  # a 5-sigma win
+        assert rows[0]["runs"] == 3 and rows[0]["sigma"] > 0
+        assert [r["candidate"] for r in rows if r["status"] == "repeat"][:2] == [0, 0]
+    else:
+        assert len(false_keeps) >= 2  # strict keeps noise
+    # HEAD is the best commit, and the best's decided value is what the summary says.
+    best = ledger.best_row(rows)
+    assert git(cfg.worktree, "rev-parse", "HEAD").startswith(best["commit"])
+
+
+def test_borderline_win_is_confirmed_with_linked_rows(repo: Path, tmp_path: Path, monkeypatch):
+    noisy(repo, tmp_path, monkeypatch, noise=0.01)
+    cfg = resolve(repo, "b", {"baseline_runs": 3, "confirm": 2, "iterations": 1})
+    # The measured baseline mean and sigma decide which value is borderline: compute it.
+    loop.run(cfg, researcher=ScriptedResearcher([]), max_steps=0)
+    rows = ledger.read_rows(cfg.ledger_path)
+    base, sigma = rows[0]["mean"], rows[0]["sigma"]
+    thr = decide.threshold(decide.GateSettings(), sigma, 1, 3, dof=2)
+    target = base - 1.5 * thr
+    loop.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": round(target, 6), "MODE": "ok"}]))
+    rows = ledger.read_rows(cfg.ledger_path)
+    cand = [r for r in rows if r["iteration"] == 1]
+    first, repeats = cand[0], cand[1:]
+    # Noise may move the first run out of the band; only a run that landed in it is confirmed.
+    if base - 2 * thr < first["metric"] < base - thr:
+        assert [r["status"] for r in repeats] == ["repeat", "repeat"]
+        assert [r["candidate"] for r in repeats] == [1, 1] and [r["seed"] for r in repeats] == [43, 44]
+        assert first["runs"] == 3 and first["mean"] == pytest.approx(
+            statistics.fmean([first["metric"]] + [r["metric"] for r in repeats]))
+        assert all(r["train_s"] > 0 for r in repeats)
+
+
+def test_duplicate_code_is_skipped_not_trained(repo: Path):
+    cfg = resolve(repo, "d", {"baseline_runs": 1, "iterations": 3})
+    # The third proposal, made on top of the second, recreates the first one's code exactly.
+    loop.run(cfg, researcher=ScriptedResearcher([{"VALUE": 1.5}, {"VALUE": 0.5}, {"VALUE": 1.5}]))
+    rows = ledger.read_rows(cfg.ledger_path)
+    assert [r["status"] for r in rows] == ["keep", "discard", "keep", "skip"]
+    assert rows[-1]["train_s"] is None and "already evaluated" in rows[-1]["description"]
+    assert git(cfg.worktree, "rev-parse", "HEAD").startswith(rows[2]["commit"])
+
+
+def test_rerun_command(repo: Path, tmp_path: Path, monkeypatch):
+    noisy(repo, tmp_path, monkeypatch, noise=0.01)
+    out = harness("rerun", "--repo", str(repo), "--repeat", "4").output
+    assert "runs 4" in out and "mean" in out and "spread" in out
+    sd = float(out.split(" sd ")[1].split()[0])
+    assert 0.001 < sd < 0.05
+    assert git(repo, "worktree", "list").count("\n") == 0  # the scratch worktree is gone
+    assert git(repo, "status", "--porcelain") == ""
