@@ -164,10 +164,41 @@ def clear_journal(cfg: RunConfig) -> None:
 # The whole iteration
 
 
-def run_step(ctx: Context, state: RunState) -> Row:
+@dataclass
+class Candidate:
+    """A proposal on its way through the step: prepared (proposed, checked, committed), then judged."""
+    iteration: int
+    parent: str
+    best_before: float
+    started_at: str
+    t0: float  # monotonic start, for wall_s
+    proposal: Proposal
+    model: str | None
+    cost_usd: float | None
+    description: str
+    commit: str = ""  # empty until committed
+    outcome: Row | None = None  # set when the candidate ended before training (crash/invalid/skip)
+
+    def row(self, ctx: Context, status: str, description: str, result: TrainResult | None = None,
+            log: Path | None = None) -> Row:
+        cfg, usage = ctx.cfg, self.proposal.usage
+        value = result.value(cfg.metric) if result else None
+        log = log or cfg.logs_dir / f"iter-{self.iteration:04d}-agent.log"
+        return Row(commit=self.commit, metric=value, status=status, description=ledger.one_line(description),
+                   iteration=self.iteration, memory_gb=memory_gb(result) if result else None,
+                   arm=cfg.arm, agent=ctx.researcher.name, model=self.model or "", parent=self.parent[:12],
+                   best_before=self.best_before, delta=None if value is None else value - self.best_before,
+                   started_at=self.started_at, agent_s=round(self.proposal.agent_s, 3),
+                   train_s=round(result.train_s, 3) if result else None,
+                   wall_s=round(time.monotonic() - self.t0, 3), input_tokens=usage.input_tokens,
+                   cached_tokens=usage.cached_tokens, output_tokens=usage.output_tokens,
+                   cost_usd=self.cost_usd, retries=self.proposal.retries, log=rel(cfg, log))
+
+
+def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str,
+                      best_before: float) -> Candidate:
+    """Propose, check and commit one candidate on parent. Never trains; never writes the ledger."""
     cfg = ctx.cfg
-    iteration = state.iteration + 1
-    parent, best_before = state.best_commit, state.best_value
     started_at, t0 = now_iso(), time.monotonic()
     write_journal(cfg, {"iteration": iteration, "parent": parent, "started_at": started_at,
                         "phase": "propose"})
@@ -176,95 +207,102 @@ def run_step(ctx: Context, state: RunState) -> Row:
     usage = proposal.usage
     cost = usage.cost_usd if usage.cost_usd is not None else pricing.cost_usd(
         model, usage.input_tokens, usage.cached_tokens, usage.output_tokens)
+    cand = Candidate(iteration, parent, best_before, started_at, t0, proposal, model, cost,
+                     proposal.description or "(no description)")
     agent_log = cfg.logs_dir / f"iter-{iteration:04d}-agent.log"
-
-    def row(status: str, description: str, commit: str = "", result: TrainResult | None = None,
-            log: Path = agent_log) -> Row:
-        value = result.value(cfg.metric) if result else None
-        delta = None if value is None else value - best_before
-        return Row(commit=commit, metric=value, status=status, description=ledger.one_line(description),
-                   iteration=iteration, memory_gb=memory_gb(result) if result else None,
-                   arm=cfg.arm, agent=ctx.researcher.name, model=model or "", parent=parent[:12],
-                   best_before=best_before, delta=delta, started_at=started_at,
-                   agent_s=round(proposal.agent_s, 3), train_s=round(result.train_s, 3) if result else None,
-                   wall_s=round(time.monotonic() - t0, 3), input_tokens=usage.input_tokens,
-                   cached_tokens=usage.cached_tokens, output_tokens=usage.output_tokens,
-                   cost_usd=cost, retries=proposal.retries, log=rel(cfg, log))
-
-    def finish(r: Row) -> Row:
-        ledger.append(cfg.ledger_path, cfg.metric, r)
-        clear_journal(cfg)
-        state.iteration = iteration
-        return r
-
-    description = proposal.description or "(no description)"
     if proposal.error:
         ctx.wt.reset_hard(parent)
         state.last_failure_log = agent_log if agent_log.exists() else state.last_failure_log
-        return finish(row("crash", f"researcher failed: {proposal.error}"))
+        cand.outcome = cand.row(ctx, "crash", f"researcher failed: {proposal.error}")
+        return cand
     reason = check(ctx, parent, state)
     if reason:
         ctx.wt.reset_hard(parent)
-        return finish(row("invalid", f"{description} [invalid: {reason}]"))
+        cand.outcome = cand.row(ctx, "invalid", f"{cand.description} [invalid: {reason}]")
+        return cand
     digest = content_hash(cfg.worktree, cfg.editable)
     if digest in state.tried:
         ctx.wt.reset_hard(parent)
-        return finish(row("skip", f"{description} [already evaluated in this run]"))
+        cand.outcome = cand.row(ctx, "skip", f"{cand.description} [already evaluated in this run]")
+        return cand
     state.tried.add(digest)
     with open(cfg.run_dir / "tried.txt", "a") as f:
         f.write(digest + "\n")
-    message = (f"{ledger.one_line(description, 200)}\n\nHarness-Run: {cfg.tag}\n"
+    message = (f"{ledger.one_line(cand.description, 200)}\n\nHarness-Run: {cfg.tag}\n"
                f"Harness-Iteration: {iteration}\nHarness-Agent: {ctx.researcher.name}\n"
                f"Harness-Model: {model or '-'}\n")
-    commit = ctx.wt.commit(cfg.editable, message)
+    cand.commit = ctx.wt.commit(cfg.editable, message)
     write_journal(cfg, {"iteration": iteration, "parent": parent, "started_at": started_at,
-                        "phase": "train", "commit": commit, "description": description})
-    train_log = cfg.logs_dir / f"iter-{iteration:04d}.log"
+                        "phase": "train", "commit": cand.commit, "description": cand.description})
+    return cand
+
+
+def judge_candidate(ctx: Context, state: RunState, cand: Candidate) -> Row:
+    """Train a committed candidate (confirming a win), keep it or reset to the best, write its rows."""
+    cfg = ctx.cfg
+    rows: list[Row] = []
+    if cand.outcome is not None:
+        rows.append(cand.outcome)
+    else:
+        rows += _train_and_decide(ctx, state, cand)
+    for r in rows:
+        ledger.append(cfg.ledger_path, cfg.metric, r)
+    if len(rows) > 1:
+        state.update_sigma(ledger.read_rows(cfg.ledger_path))
+    clear_journal(cfg)
+    state.iteration = max(state.iteration, cand.iteration)
+    return rows[0]
+
+
+def _train_and_decide(ctx: Context, state: RunState, cand: Candidate) -> list[Row]:
+    cfg, description = ctx.cfg, cand.description
+    train_log = cfg.logs_dir / f"iter-{cand.iteration:04d}.log"
     problem = preflight(ctx)
     if problem:
         train_log.write_text(problem + "\n")
-        ctx.wt.reset_hard(parent)
+        ctx.wt.reset_hard(cand.parent)
         state.last_failure_log = train_log
-        return finish(row("crash", f"{description} [{problem}]", commit, log=train_log))
+        return [cand.row(ctx, "crash", f"{description} [{problem}]", log=train_log)]
     result = evaluate(cfg, cfg.worktree, train_log, cfg.seed)
     if result.status != "ok":
-        ctx.wt.reset_hard(parent)
+        ctx.wt.reset_hard(cand.parent)
         state.last_failure_log = train_log
-        return finish(row(result.status, f"{description} [{result.reason}]", commit, result, train_log))
+        return [cand.row(ctx, result.status, f"{description} [{result.reason}]", result, train_log)]
     # Decide; under the noise gate a win is confirmed on other seeds before it is kept.
     values, repeats = [result.value(cfg.metric)], []
-    verdict, _ = decide.decide(cfg.gate_settings, values, best_before, state.best_runs, state.sigma,
+    verdict, _ = decide.decide(cfg.gate_settings, values, cand.best_before, state.best_runs, state.sigma,
                                can_confirm=cfg.confirm > 0, dof=state.sigma_dof)
     if verdict == decide.CONFIRM:
         for j in range(1, cfg.confirm + 1):
-            log_j = cfg.logs_dir / f"iter-{iteration:04d}-r{j}.log"
+            log_j = cfg.logs_dir / f"iter-{cand.iteration:04d}-r{j}.log"
             rerun = evaluate(cfg, cfg.worktree, log_j, cfg.seed + j)
-            repeats.append(repeat_row(cfg, rerun, iteration, commit, cfg.seed + j, log_j, ctx.researcher.name, model))
+            repeats.append(repeat_row(cfg, rerun, cand.iteration, cand.commit, cfg.seed + j, log_j,
+                                      ctx.researcher.name, cand.model))
             if rerun.status != "ok":
                 break
             values.append(rerun.value(cfg.metric))
-        verdict, _ = decide.decide(cfg.gate_settings, values, best_before, state.best_runs, state.sigma,
+        verdict, _ = decide.decide(cfg.gate_settings, values, cand.best_before, state.best_runs, state.sigma,
                                    can_confirm=False, dof=state.sigma_dof)
         if len(values) < cfg.confirm + 1:
             verdict, description = decide.DISCARD, f"{description} [a confirmation run failed]"
     mean = statistics.fmean(values)
-    primary = row("keep" if verdict == decide.KEEP else "discard", description, commit, result, train_log)
+    primary = cand.row(ctx, "keep" if verdict == decide.KEEP else "discard", description, result, train_log)
     primary.runs, primary.seed, primary.sigma = len(values), cfg.seed, state.sigma
-    primary.delta = mean - best_before
+    primary.delta = mean - cand.best_before
     if len(values) > 1:
         primary.mean = mean
         primary.description = ledger.one_line(f"{description} [mean of {len(values)} runs]")
     if verdict == decide.KEEP:
-        state.best_commit, state.best_value, state.best_runs = commit, mean, len(values)
+        state.best_commit, state.best_value, state.best_runs = cand.commit, mean, len(values)
     else:
-        ctx.wt.reset_hard(parent)
-    for r in (primary, *repeats):
-        ledger.append(cfg.ledger_path, cfg.metric, r)
-    if repeats:
-        state.update_sigma(ledger.read_rows(cfg.ledger_path))
-    clear_journal(cfg)
-    state.iteration = iteration
-    return primary
+        ctx.wt.reset_hard(cand.parent)
+    return [primary, *repeats]
+
+
+def run_step(ctx: Context, state: RunState) -> Row:
+    """One whole iteration on the current best; returns its (primary) ledger row."""
+    cand = prepare_candidate(ctx, state, state.iteration + 1, state.best_commit, state.best_value)
+    return judge_candidate(ctx, state, cand)
 
 
 def repeat_row(cfg: RunConfig, result: TrainResult, candidate: int, commit: str, seed: int,
