@@ -50,6 +50,7 @@ def run_options(fn):
         click.option("--baseline-runs", type=int, default=None, help="Train the baseline K times (noise floor)."),
         click.option("--confirm", type=int, default=None, help="Extra runs to confirm a borderline win."),
         click.option("--min-delta", type=float, default=None, help="Smallest improvement worth keeping."),
+        click.option("--z", "z", type=float, default=None, help="Standard errors a win must exceed (noise gate, default 2)."),
         click.option("--wire-api", type=click.Choice(["responses", "chat"]), default=None,
                      help="openai: the Responses API (default) or Chat Completions (vLLM, Ollama, routers)."),
         click.option("--base-url", default=None, help="openai: the server's URL (default $OPENAI_BASE_URL or OpenAI's)."),

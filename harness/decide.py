@@ -29,25 +29,6 @@ def improvement(value: float, best: float, direction: str) -> float:
     return best - value if direction == "minimize" else value - best
 
 
-# Two-sided 97.5% Student-t quantiles by degrees of freedom: a noise floor estimated from a
-# handful of repeats is itself uncertain, so the bar is raised until enough repeats exist.
-T975 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
-        10: 2.23, 12: 2.18, 15: 2.13, 20: 2.09, 30: 2.04}
-Z975 = 1.96
-
-
-def small_sample_factor(dof: int | None) -> float:
-    """How much wider a t-interval is than a normal one at this many degrees of freedom."""
-    if not dof:
-        return 1.0
-    known = [d for d in T975 if d <= dof]
-    return T975[max(known)] / Z975 if dof <= max(T975) else 1.0
-
-
-def pooled_dof(groups: Iterable[list[float]]) -> int:
-    return sum(len(g) - 1 for g in groups if len(g) >= 2)
-
-
 def pooled_sigma(groups: Iterable[list[float]]) -> float | None:
     """Pooled standard deviation of repeated runs of identical code; None without any repeat."""
     num, dof = 0.0, 0
@@ -58,20 +39,19 @@ def pooled_sigma(groups: Iterable[list[float]]) -> float | None:
     return math.sqrt(num / dof) if dof else None
 
 
-def threshold(s: GateSettings, sigma: float | None, n: int, n_best: int, dof: int | None = None) -> float:
+def threshold(s: GateSettings, sigma: float | None, n: int, n_best: int) -> float:
     """The improvement a mean of n runs needs over a best measured n_best times."""
     if s.gate == "strict" or not sigma:
         return s.min_delta
-    z = s.z * small_sample_factor(dof)
-    return max(s.min_delta, z * sigma * math.sqrt(1.0 / n + 1.0 / n_best))
+    return max(s.min_delta, s.z * sigma * math.sqrt(1.0 / n + 1.0 / n_best))
 
 
 def decide(s: GateSettings, values: list[float], best: float, n_best: int,
-           sigma: float | None, can_confirm: bool, dof: int | None = None) -> tuple[str, float]:
+           sigma: float | None, can_confirm: bool) -> tuple[str, float]:
     """(keep | discard | confirm, the threshold used) for a candidate's runs so far."""
     mean = statistics.fmean(values)
     gain = improvement(mean, best, s.direction)
-    thr = threshold(s, sigma, len(values), n_best, dof)
+    thr = threshold(s, sigma, len(values), n_best)
     if s.gate == "strict" or not sigma:
         won = gain > thr or (s.keep_ties and gain >= thr)
         return (KEEP if won else DISCARD), thr

@@ -159,7 +159,7 @@ def baseline(ctx: Context, state_base: str, progress: Progress) -> RunState:
                         f"code so it runs on its own; see {log}. Then run again with --resume.")
     hashes = {p: sha256_file(cfg.worktree / p) for p in cfg.protected}
     return RunState(state_base, state_base, statistics.fmean(values), 0, hashes,
-                    best_runs=len(values), sigma=sigma, sigma_dof=len(values) - 1)
+                    best_runs=len(values), sigma=sigma)
 
 
 def reconcile(ctx: Context, base: str) -> RunState | None:

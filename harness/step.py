@@ -35,11 +35,10 @@ class RunState:
     last_failure_log: Path | None = None
     best_runs: int = 1  # training runs behind best_value (a mean when more than one)
     sigma: float | None = None  # pooled run-to-run noise of identical code; None = unknown
-    sigma_dof: int = 0  # degrees of freedom behind sigma
 
     def update_sigma(self, rows: list[dict]) -> None:
         groups = decide.repeat_groups(rows)
-        self.sigma, self.sigma_dof = decide.pooled_sigma(groups), decide.pooled_dof(groups)
+        self.sigma = decide.pooled_sigma(groups)
 
 
 @dataclass
@@ -271,7 +270,7 @@ def _train_and_decide(ctx: Context, state: RunState, cand: Candidate) -> list[Ro
     # Decide; under the noise gate a win is confirmed on other seeds before it is kept.
     values, repeats = [result.value(cfg.metric)], []
     verdict, _ = decide.decide(cfg.gate_settings, values, cand.best_before, state.best_runs, state.sigma,
-                               can_confirm=cfg.confirm > 0, dof=state.sigma_dof)
+                               can_confirm=cfg.confirm > 0)
     if verdict == decide.CONFIRM:
         for j in range(1, cfg.confirm + 1):
             log_j = cfg.logs_dir / f"iter-{cand.iteration:04d}-r{j}.log"
@@ -282,7 +281,7 @@ def _train_and_decide(ctx: Context, state: RunState, cand: Candidate) -> list[Ro
                 break
             values.append(rerun.value(cfg.metric))
         verdict, _ = decide.decide(cfg.gate_settings, values, cand.best_before, state.best_runs, state.sigma,
-                                   can_confirm=False, dof=state.sigma_dof)
+                                   can_confirm=False)
         if len(values) < cfg.confirm + 1:
             verdict, description = decide.DISCARD, f"{description} [a confirmation run failed]"
     mean = statistics.fmean(values)

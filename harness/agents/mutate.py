@@ -126,7 +126,7 @@ class MutateResearcher:
             if content_hash(task.worktree, task.editable) not in task.tried:
                 task.log_path.parent.mkdir(parents=True, exist_ok=True)
                 task.log_path.write_text(f"mutate draw {draw}: " + "; ".join(notes) + "\n")
-                return Proposal("; ".join(notes), Usage(), time.monotonic() - start)
+                return Proposal("; ".join(notes), Usage(cost_usd=0.0), time.monotonic() - start)
             for p, src in originals.items():
                 (task.worktree / p).write_text(src)
         return Proposal("", error=f"no untried mutation found in {MAX_DRAWS} draws",
