@@ -20,6 +20,7 @@ import lzma
 import math
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -29,7 +30,27 @@ import torch.nn.functional as F
 
 # The seal key must be gone from the environment before train.py's own code runs:
 # train.py imports this module first, so popping it here hides it from os.environ.
-_SEAL_KEY = os.environ.pop("HARNESS_SEAL_KEY", None)
+# The harness passes it through a pipe (HARNESS_SEAL_FD), which can be read only once and
+# never shows in /proc/self/environ; HARNESS_SEAL_KEY is the plain variant for other callers.
+
+
+def _take_seal_key():
+    key, fd = os.environ.pop("HARNESS_SEAL_KEY", None), os.environ.pop("HARNESS_SEAL_FD", None)
+    if fd is None:
+        return key, False
+    try:
+        with os.fdopen(int(fd), "rb") as pipe:
+            data = pipe.read(4096).decode().strip()
+    except (OSError, ValueError):
+        data = ""
+    return data or None, not data  # an empty pipe: someone read the key before this module
+
+
+_SEAL_KEY, _SEAL_STOLEN = _take_seal_key()
+_clock = time.monotonic  # bound now: rebinding time.monotonic later does not move this clock
+# What this module measured itself; report() signs these, not what its caller claims.
+_STATE = {"imported": _clock(), "train_start": None, "eval_start": None, "val_bpb": None,
+          "in_eval": False, "val_outside_eval": False}
 
 # -----------------------------------------------------------------------------
 # The rules of the game
@@ -120,13 +141,18 @@ _SPLITS: dict = {}  # (split, device) -> uint8 tensor, loaded once per process
 
 def load_split(split: str, device="cpu") -> torch.Tensor:
     """The bytes of `split` ("train" or "val") of the selected dataset, as a uint8 tensor on `device`."""
+    if split == "val" and not _STATE["in_eval"]:
+        _STATE["val_outside_eval"] = True  # only evaluate_bpb may read the validation bytes
     if not _SPLITS:  # first use: load and verify the corpus once
         train, val = _load_bundled() if DATASET == "shakespeare" else _load_prepared(DATASET)
         _SPLITS[("train", "cpu")] = torch.frombuffer(bytearray(train), dtype=torch.uint8)
         _SPLITS[("val", "cpu")] = torch.frombuffer(bytearray(val), dtype=torch.uint8)
+        _SPLITS["val_sha256"] = hashlib.sha256(val).hexdigest()
     key = (split, str(device))
     if key not in _SPLITS:
         _SPLITS[key] = _SPLITS[(split, "cpu")].to(device)
+    if split == "train" and _STATE["train_start"] is None:
+        _STATE["train_start"] = _clock()  # the training clock starts once the training data is loaded
     return _SPLITS[key]
 
 
@@ -145,9 +171,19 @@ def get_batch(split: str, batch_size: int, seq_len: int, device, generator: torc
 @torch.no_grad()
 def evaluate_bpb(model, seq_len: int, batch_size: int) -> float:
     """Bits per byte of `model` on the first EVAL_BYTES[device] validation bytes, scored in order
-    by consecutive windows of seq_len bytes. model(idx) must return logits (B, T, 256)."""
+    by consecutive windows of seq_len bytes. model(idx) must return logits (B, T, 256).
+    The result is kept here too: report() signs this value, not the one it is handed."""
+    if _STATE["eval_start"] is None:
+        _STATE["eval_start"] = _clock()  # the training clock stops here
     device = next(model.parameters()).device
-    val = load_split("val", device)
+    _STATE["in_eval"] = True
+    try:
+        val = load_split("val", device)
+    finally:
+        _STATE["in_eval"] = False
+    problems = _integrity_problems(val)
+    if problems:
+        _refuse(problems)
     n = min(EVAL_BYTES[device.type], len(val) - 1)  # the same bytes are scored whatever seq_len is
     was_training = model.training
     model.eval()
@@ -164,8 +200,70 @@ def evaluate_bpb(model, seq_len: int, batch_size: int) -> float:
             logits = model(window[:, :-1])
         loss = F.cross_entropy(logits.float().reshape(-1, VOCAB_SIZE), window[:, 1:].reshape(-1), reduction="sum")
         total_nats += loss.item()
+    if not _is_causal(model, val, min(seq_len, n)):
+        _refuse(["the model's prediction for a byte depends on later bytes (it is not causal), so it "
+                 "sees the answers; keep attention causal (is_causal=True)"])
     model.train(was_training)
-    return total_nats / n / math.log(2)
+    bpb = total_nats / n / math.log(2)
+    _STATE["val_bpb"] = bpb
+    return bpb
+
+
+@torch.no_grad()
+def _is_causal(model, val, seq_len: int) -> bool:
+    """Changing the second half of a window must not change the predictions in its first half.
+    A causal model gives identical numbers (same shapes, same kernels); a model that looks
+    ahead differs by far more than the tolerance after even a few steps (~1e-3 after 3 CPU steps)."""
+    if seq_len < 2:
+        return True
+    half = seq_len // 2
+    x = val[:seq_len].long()[None]
+    y = x.clone()
+    y[0, half:] = (y[0, half:] + 1) % VOCAB_SIZE
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=x.device.type == "cuda"):
+        a, b = model(x).float(), model(y).float()
+    tolerance = 1e-5 if x.device.type == "cpu" else 1e-2 * (1.0 + a.abs().max().item())  # bf16 on GPUs
+    return (a[:, :half] - b[:, :half]).abs().max().item() <= tolerance
+
+
+# -----------------------------------------------------------------------------
+# Integrity: the evaluation is fixed. What it depends on is remembered at import and checked
+# before scoring and before sealing, so patching it at run time is refused, not rewarded.
+
+def _integrity_problems(val=None) -> list:
+    problems = []
+    changed = [name for name, value in _PRISTINE.items() if not _same(globals().get(name), value)]
+    if changed:
+        problems.append(f"prepare.{', prepare.'.join(changed)} changed at run time; the data, budget and "
+                        f"evaluation are fixed: change the model or training in train.py instead")
+    if F.cross_entropy is not _CROSS_ENTROPY or math.log is not _LOG:
+        problems.append("a function the evaluation uses (F.cross_entropy or math.log) was replaced at run time")
+    if val is not None and "val_sha256" in _SPLITS:
+        if hashlib.sha256(val.cpu().numpy().tobytes()).hexdigest() != _SPLITS["val_sha256"]:
+            problems.append("the validation bytes in memory were changed")
+    if _STATE["val_outside_eval"]:
+        problems.append("the validation split was read outside evaluate_bpb (training or tuning on the "
+                        "validation bytes); train.py may only use load_split/get_batch on 'train'")
+    return problems
+
+
+def _same(a, b) -> bool:
+    if callable(b):
+        return a is b
+    try:
+        return type(a) is type(b) and a == b
+    except Exception:  # an exotic value that cannot even be compared
+        return False
+
+
+def _refuse(problems: list) -> None:
+    """Write the refusal where the harness looks for the result, and stop the job."""
+    path = os.environ.get("HARNESS_RESULT_FILE")
+    if path:
+        tmp = Path(f"{path}.tmp")
+        tmp.write_text(json.dumps({"refused": "; ".join(problems)}) + "\n")
+        tmp.replace(path)
+    raise SystemExit("prepare.py: refused: " + "; ".join(problems))
 
 
 # -----------------------------------------------------------------------------
@@ -173,7 +271,30 @@ def evaluate_bpb(model, seq_len: int, batch_size: int) -> float:
 
 def report(**metrics) -> None:
     """Print the result block (a `---` line, then `key: value`) and write the same figures as JSON
-    to $HARNESS_RESULT_FILE, sealed with an HMAC when the harness gave a seal key."""
+    to $HARNESS_RESULT_FILE, sealed with an HMAC when the harness gave a seal key.
+
+    val_bpb is the value evaluate_bpb measured (a different one is refused), and training_seconds
+    is at least this module's own clock: from the first touch of the training data to the
+    evaluation."""
+    problems = _integrity_problems()
+    if _SEAL_STOLEN:
+        problems.append("the seal key's pipe was read before prepare.py could read it; train.py must "
+                        "not touch HARNESS_SEAL_FD")
+    measured = _STATE["val_bpb"]
+    if measured is None:
+        problems.append("report() was called but evaluate_bpb never measured val_bpb; call "
+                        "evaluate_bpb(model, ...) and report its result")
+    elif "val_bpb" in metrics and not (isinstance(metrics["val_bpb"], (int, float))
+                                       and abs(metrics["val_bpb"] - measured) <= 1e-9 * max(1.0, abs(measured))):
+        problems.append(f"report(val_bpb={metrics['val_bpb']!r}) differs from what evaluate_bpb measured "
+                        f"({measured:.6f}); report the measured value")
+    if problems:
+        _refuse(problems)
+    metrics["val_bpb"] = measured
+    start = _STATE["train_start"] if _STATE["train_start"] is not None else _STATE["imported"]
+    measured_s = _STATE["eval_start"] - start
+    claimed_s = metrics.get("training_seconds")
+    metrics["training_seconds"] = max(measured_s, claimed_s if isinstance(claimed_s, (int, float)) else 0.0)
     figures = {k: float(f"{v:.6f}") if isinstance(v, float) else v for k, v in metrics.items()}
     print("---")
     for key, value in figures.items():
@@ -315,6 +436,15 @@ def main() -> None:
     print(f"prepared {meta['name']!r}: {meta['train_bytes']:,} train bytes, {meta['val_bytes']:,} val bytes "
           f"in {CACHE_DIR / 'datasets' / meta['name']}")
     print(f"use it with: HARNESS_DATASET={meta['name']} python train.py")
+
+
+# Everything the evaluation depends on, as it was at import (see _integrity_problems).
+_PRISTINE = {name: (dict(value) if isinstance(value, dict) else value) for name, value in globals().items()
+             if (name.isupper() and not name.startswith("_"))
+             or name in ("_SEAL_KEY", "_clock", "load_split", "get_batch", "evaluate_bpb", "report",
+                         "_load_bundled", "_load_prepared", "_integrity_problems", "_is_causal", "_refuse",
+                         "_same")}
+_CROSS_ENTROPY, _LOG = F.cross_entropy, math.log
 
 
 if __name__ == "__main__":

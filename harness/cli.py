@@ -40,6 +40,12 @@ def run_options(fn):
         click.option("--kill-after", type=float, default=None, help="Hard deadline per training job, seconds."),
         click.option("--max-steps", type=int, default=None, help="Stop each training job after N steps (HARNESS_MAX_STEPS)."),
         click.option("--agent-timeout", type=float, default=None, help="Hard limit per researcher call, seconds."),
+        click.option("--stall-after", type=float, default=None,
+                     help="Kill a training job with no output for this many minutes (default 20)."),
+        click.option("--health-every", type=int, default=None,
+                     help="Health checkpoint every N iterations (default 25; 0 = none)."),
+        click.option("--on-unhealthy", type=click.Choice(["stop", "continue"]), default=None,
+                     help="At a failed health check: stop (default) or continue."),
         click.option("--keep-ties/--no-keep-ties", default=None, help="Keep a candidate that equals the best."),
         click.option("--from", "from_rev", default=None, help="Start the run from this commit (default HEAD)."),
         click.option("--seed", type=int, default=None, help="Seed for training and the mutate researcher."),
@@ -94,6 +100,8 @@ def show_progress(event: str, data: dict[str, Any]) -> None:
         eta = f", {data['eta_s'] / 60:.0f} min left" if data.get("eta_s") is not None else ""
         err.print(f"  [{color}]{row.status:8}[/] {metric}  best {data['best']:.6f}  "
                   f"{row.description[:80]}  ({row.wall_s:.0f}s{eta})")
+    elif event == "event":
+        err.print(f"  [bold magenta]{data['kind']}[/]: {data['message']}")
 
 
 def print_summary(summary: loop.Summary) -> None:

@@ -44,6 +44,10 @@ WORKLOAD_DEFAULTS: dict[str, Any] = {
     "confirm": 2,  # extra runs (other seeds) that confirm a win before it is kept
     "min_delta": 0.0,  # smallest improvement worth keeping, metric units
     "z": 2.0,  # standard errors an improvement must exceed under the noise gate
+    "sealed": None,  # metric only from prepare.py's sealed result; None = when a protected file can seal
+    "policy": True,  # static check of proposed diffs for known cheats (policy.py)
+    "health_every": 25,  # iterations between health checkpoints; 0 = none
+    "on_unhealthy": "stop",  # stop | continue, when a health checkpoint fails
 }
 
 TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -97,8 +101,17 @@ def _check_value(key: str, value: Any) -> Any:
         want(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
              "a non-negative number")
         return float(value)
-    if key == "keep_ties":
+    if key in ("keep_ties", "policy"):
         want(isinstance(value, bool), "true or false")
+        return value
+    if key == "sealed":
+        want(value is None or isinstance(value, bool), "true or false")
+        return value
+    if key == "health_every":
+        want(isinstance(value, int) and not isinstance(value, bool) and value >= 0, "a non-negative integer")
+        return value
+    if key == "on_unhealthy":
+        want(value in ("stop", "continue"), "'stop' or 'continue'")
         return value
     raise ConfigError(f"unknown config key {key!r}; known keys: {', '.join(sorted(WORKLOAD_DEFAULTS))}")
 
@@ -160,6 +173,10 @@ class RunConfig:
     arm: str = ""  # A/B arm name ("a", "b"); "" for a single run
     run_root: Path | None = None  # where the run's files live; default repo/runs/<tag>
     gpu: str | None = None  # CUDA_VISIBLE_DEVICES for this run's training; None = inherited
+    sealed: bool | None = None  # see WORKLOAD_DEFAULTS
+    policy: bool = True
+    health_every: int = 25  # iterations
+    on_unhealthy: str = "stop"
 
     @property
     def branch(self) -> str:

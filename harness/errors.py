@@ -15,3 +15,7 @@ class RepoError(HarnessError):
 
 class AgentError(HarnessError):
     """A researcher could not be created (unknown backend, missing executable or key)."""
+
+
+class LedgerError(HarnessError):
+    """The ledger cannot be written (disk full) or its record of rows cannot be trusted."""

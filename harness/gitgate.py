@@ -158,9 +158,10 @@ class Worktree:
         return changes
 
     def reset_hard(self, commit: str) -> None:
-        """Back to commit exactly: tracked files reset, untracked files removed."""
+        """Back to commit exactly: tracked files reset, untracked and ignored files (and nested
+        repositories) removed, so nothing a candidate left behind reaches the next one."""
         self.repo.git.reset("--hard", commit)
-        self.repo.git.clean("-fd", "-q")
+        self.repo.git.clean("-ffdx", "-q")
 
     def commit(self, paths: tuple[str, ...], message: str) -> str:
         self.repo.git.add("--", *paths)

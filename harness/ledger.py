@@ -8,10 +8,11 @@ from __future__ import annotations
 import csv
 import math
 import io
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from . import ledgerguard
 
 # `repeat` marks an extra training run of a candidate (baseline repeats, confirmation runs):
 # its own row, so the GPU time it spent is visible, linked by the `candidate` column.
@@ -24,6 +25,7 @@ TAIL_COLUMNS = (
     "agent_s", "train_s", "wall_s", "input_tokens", "cached_tokens", "output_tokens",
     "cost_usd", "retries", "log",
     "seed", "candidate", "runs", "mean", "sigma",
+    "sealed",
 )
 NUMERIC = {"memory_gb", "iteration", "best_before", "delta", "agent_s", "train_s", "wall_s",
            "input_tokens", "cached_tokens", "output_tokens", "cost_usd", "retries",
@@ -70,6 +72,7 @@ class Row:
     runs: int | None = None  # training runs behind this decision (1 + confirmations)
     mean: float | None = None  # the mean over those runs: the value that was compared
     sigma: float | None = None  # the noise floor at decision time
+    sealed: str = ""  # yes: the metric came from a verified sealed result; no: from stdout; "": no training
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -95,19 +98,20 @@ def _fmt(value: Any) -> str:
 
 
 def append(path: Path, metric: str, row: Row) -> None:
-    """Append one row (writing the header first for a new file), flushed and fsynced."""
+    """Append one row (writing the header first for a new file), flushed and fsynced.
+
+    The harness's own copy is written first and the ledger checked against it (ledgerguard.py).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    new = not path.exists() or path.stat().st_size == 0
+    current = ledgerguard.sync(path)  # a torn line repaired, an edit behind our back undone
+    new = not current
     buf = io.StringIO()
     writer = csv.writer(buf, delimiter="\t", lineterminator="\n", quoting=csv.QUOTE_NONE,
                         escapechar=None, quotechar=None)
     if new:
         writer.writerow(columns(metric))
     writer.writerow(row.cells())
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(buf.getvalue())
-        f.flush()
-        os.fsync(f.fileno())
+    ledgerguard.append(path, buf.getvalue().encode("utf-8"), current)
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:

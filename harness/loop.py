@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
-from . import __version__, decide, ledger, pricing
+from . import __version__, decide, events, health, ledger, ledgerguard, pricing, recovery, seal
 from .agents import Researcher, make_researcher, routing_mismatch
 from .config import RunConfig
 from .errors import RepoError
@@ -151,7 +151,8 @@ def baseline(ctx: Context, state_base: str, progress: Progress) -> RunState:
               iteration=0, arm=cfg.arm, memory_gb=memory_gb(result), agent=ctx.researcher.name,
               model=model, started_at=started_at, train_s=round(result.train_s, 3),
               wall_s=round(time.monotonic() - t0, 3), log=rel(cfg, log), seed=cfg.seed,
-              runs=len(values), mean=statistics.fmean(values) if len(values) > 1 else None, sigma=sigma)
+              runs=len(values), mean=statistics.fmean(values) if len(values) > 1 else None, sigma=sigma,
+              sealed=seal.cell(result))
     for r in (row, *repeats):
         ledger.append(cfg.ledger_path, cfg.metric, r)
     if status != "keep":
@@ -165,6 +166,8 @@ def baseline(ctx: Context, state_base: str, progress: Progress) -> RunState:
 def reconcile(ctx: Context, base: str) -> RunState | None:
     """Rebuild the state from disk: record an interrupted candidate once, reset to the best commit."""
     cfg = ctx.cfg
+    recovery.on_resume(cfg.run_dir, cfg.logs_dir, cfg.worktree)  # jobs a killed supervisor left behind
+    ledgerguard.sync(cfg.ledger_path)  # a torn last line repaired, rows changed behind our back restored
     rows = ledger.read_rows(cfg.ledger_path)
     journal = journal_path(cfg)
     if journal.exists():
@@ -277,9 +280,11 @@ def run(cfg: RunConfig, resume: bool = False, progress: Progress = _quiet,
     state: RunState | None = None
     ctx: Context | None = None
     stopped = "done"
+    events_from = events.size(cfg.run_dir)
     try:
         ctx, state = open_run(cfg, resume, progress, researcher)
         progress("start", {"best": state.best_value, "iteration": state.iteration})
+        monitor = health.Monitor(ctx, state, progress, events_from)
         walls: list[float] = []
         steps = 0
         while True:
@@ -288,6 +293,10 @@ def run(cfg: RunConfig, resume: bool = False, progress: Progress = _quiet,
                 break
             if max_steps is not None and steps >= max_steps:
                 stopped = "step done"
+                break
+            unhealthy = monitor.before_iteration()
+            if unhealthy:
+                stopped = unhealthy
                 break
             rows = ledger.read_rows(cfg.ledger_path)
             if deadline is not None:
@@ -306,6 +315,7 @@ def run(cfg: RunConfig, resume: bool = False, progress: Progress = _quiet,
             progress("iteration", {"iteration": state.iteration + 1, "elapsed_s": time.monotonic() - start})
             row = run_step(ctx, state)
             walls.append(row.wall_s or 0.0)
+            monitor.after_row(row)
             steps += 1
             eta = (deadline - time.monotonic()) if deadline else None
             progress("row", {"row": row, "best": state.best_value, "elapsed_s": time.monotonic() - start,

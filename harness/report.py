@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import ledger
+from . import events, ledger
 from .errors import HarnessError
 from .report_diff import changed_names
 
@@ -240,6 +240,9 @@ def arm_figures(arm: ArmData) -> dict[str, Any]:
         "improvement_per_1m_tokens": _ratio(improvement, None if tokens is None else tokens / 1e6),
         "improvement_per_usd": _ratio(improvement, cost),
         "kept": kept_changes(arm),
+        # results taken from stdout rather than a verified seal (foreign workloads); None = not recorded
+        "unsealed_runs": sum(1 for r in rows if r.get("sealed") == "no") if has("sealed") else None,
+        "events": events.read(arm.ledger.parent)[0],  # ledger restores, health warnings, drift, ...
     }
 
 

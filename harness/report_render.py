@@ -146,6 +146,7 @@ def table_rows(summary: dict[str, Any]) -> list[list[str]]:
         ("improvement", "improvement", "signed"), ("improvement %", "improvement_pct", "pct"),
         ("noise floor sigma (latest)", "noise_sigma", "num"),
         ("repeat training runs", "repeat_runs", "int"),
+        ("runs with unsealed results (stdout)", "unsealed_runs", "int"),
         ("GPU-minutes on discarded and failed runs", "gpu_minutes_discarded_failed", "s"),
         ("mean researcher seconds per iteration", "mean_agent_s", "s"),
         ("mean iteration wall seconds", "mean_wall_s", "s"),
@@ -198,6 +199,16 @@ def blocks(summary: dict[str, Any], images: dict[str, Any]) -> list[tuple]:
         out.append(("table", ["iteration", "commit", summary["metric"], "delta", "description"],
                     [[fmt(k["iteration"], "text"), k["commit"] or "", fmt(k["metric"]),
                       fmt(k["delta"], "signed"), k["description"]] for k in f["kept"]]))
+    out.append(("h2", "Events"))
+    for f in arms:
+        shown = f.get("events") or []
+        if len(arms) > 1:
+            out.append(("h3", f["label"]))
+        if not shown:
+            out.append(("p", "None: no ledger repairs, restores, health warnings or drift."))
+            continue
+        out.append(("table", ["at", "kind", "message"],
+                    [[e.get("at", ""), e.get("kind", ""), str(e.get("message", ""))[:300]] for e in shown[-30:]]))
     conv = summary["convergent"]
     out.append(("h2", "Convergent findings"))
     if conv["hyperparameters"] is None:

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import faults, recovery
+
 # Variables that must never reach the training job (the researcher's code runs there).
 SECRET_RE = re.compile(r"(_API_KEY|_TOKEN|_SECRET|_PASSWORD|_CREDENTIALS?)$|^(AWS_|AZURE_|GH_|GITHUB_TOKEN)", re.I)
 TERM_GRACE_S = 5.0  # s between SIGTERM and SIGKILL of the process group
@@ -28,6 +30,7 @@ class TrainResult:
     train_s: float = 0.0  # wall seconds of the job
     returncode: int | None = None
     reason: str = ""
+    sealed: bool | None = None  # True: figures from a verified sealed result; False: from stdout
 
     def value(self, metric: str) -> float | None:
         v = self.metrics.get(metric)
@@ -122,10 +125,13 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 
 def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, metric: str,
-                 kill_after_s: float, stall_after_s: float | None = None) -> TrainResult:
+                 kill_after_s: float, stall_after_s: float | None = None,
+                 pass_fds: tuple[int, ...] = ()) -> TrainResult:
     """Run the job to completion, a crash, the hard deadline or a stall; never raises for job failures.
 
-    A KeyboardInterrupt while waiting kills the job's process group and propagates.
+    A KeyboardInterrupt while waiting kills the job's process group and propagates. pass_fds are
+    inherited by the job (the seal key's pipe). The group's id is kept in `<log>.pid` while it
+    runs, so a resumed supervisor can stop a job its killed predecessor left behind.
     """
     argv = shlex.split(command)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -133,10 +139,12 @@ def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, m
     with open(log_path, "wb") as log:
         try:
             proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=pass_fds)
         except OSError as e:
             log.write(f"could not start {argv!r}: {e}\n".encode())
             return TrainResult("crash", reason=f"could not start the training command: {e}")
+        recovery.track(log_path, proc.pid)
+        faults.point("during_train")  # tests: the supervisor dies while the job runs
         status, reason = None, ""
         last_size, last_change = 0, start
         try:
@@ -158,6 +166,7 @@ def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, m
                     break
         finally:
             kill_group(proc)
+            recovery.untrack(log_path)
     train_s = time.monotonic() - start
     if status == "timeout":
         return TrainResult("timeout", train_s=train_s, returncode=proc.returncode, reason=reason)

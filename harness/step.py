@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import decide, ledger, pricing, prompt
+from . import decide, faults, guard, ledger, pricing, prompt, seal
 from .agents import Proposal, Researcher, Task
 from .config import RunConfig
 from .gitgate import Worktree, content_hash, sha256_file
@@ -124,16 +124,25 @@ def preflight(ctx: Context) -> str | None:
 
 
 def evaluate(cfg: RunConfig, worktree: Path, log_path: Path, seed: int) -> TrainResult:
-    """Train the code in worktree once under the hard deadline."""
+    """Train the code in worktree once under the hard deadline.
+
+    Protected files are checked (and restored) before the job and checked after it; a sealed
+    workload's figures come only from prepare.py's sealed result (guard.py, seal.py).
+    """
+    result_file = log_path.with_suffix(".result.json")
     extra = {"HARNESS_TIME_BUDGET": f"{cfg.time_budget:g}", "HARNESS_SEED": str(seed),
-             "HARNESS_RESULT_FILE": str(log_path.with_suffix(".result.json"))}
+             "HARNESS_RESULT_FILE": str(result_file)}
     if cfg.max_steps is not None:
         extra["HARNESS_MAX_STEPS"] = str(cfg.max_steps)
     if cfg.gpu is not None:  # an A/B arm's (or a lane's) own GPU
         extra["CUDA_VISIBLE_DEVICES"] = cfg.gpu
-    env = training_env(dict(os.environ), extra)
-    return run_training(cfg.train_command, worktree, env, log_path, cfg.metric,
-                        kill_after_s=cfg.kill_after, stall_after_s=cfg.stall_after * 60)
+    guard.before_training(cfg.run_dir, worktree, cfg.protected, result_file)
+    with seal.channel(seal.enabled(cfg.sealed, worktree, cfg.protected)) as ch:
+        env = seal.job_env(training_env(dict(os.environ), extra), ch)
+        result = run_training(cfg.train_command, worktree, env, log_path, cfg.metric,
+                              kill_after_s=cfg.kill_after, stall_after_s=cfg.stall_after * 60, pass_fds=ch.fds)
+    result = seal.judge(result, result_file, ch.key, cfg.metric, cfg.time_budget)
+    return guard.after_training(cfg.run_dir, worktree, cfg.protected, result)
 
 
 def memory_gb(result: TrainResult) -> float | None:
@@ -191,7 +200,8 @@ class Candidate:
                    train_s=round(result.train_s, 3) if result else None,
                    wall_s=round(time.monotonic() - self.t0, 3), input_tokens=usage.input_tokens,
                    cached_tokens=usage.cached_tokens, output_tokens=usage.output_tokens,
-                   cost_usd=self.cost_usd, retries=self.proposal.retries, log=rel(cfg, log))
+                   cost_usd=self.cost_usd, retries=self.proposal.retries, log=rel(cfg, log),
+                   sealed=seal.cell(result))
 
 
 def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str,
@@ -201,7 +211,13 @@ def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str
     started_at, t0 = now_iso(), time.monotonic()
     write_journal(cfg, {"iteration": iteration, "parent": parent, "started_at": started_at,
                         "phase": "propose"})
+    before = guard.snapshot(ctx.wt, cfg.branch)
     proposal = propose(ctx, state, iteration, parent)
+    faults.point("after_propose")
+    guard.clear_stale_lock(ctx.wt)
+    git_reason = guard.git_problem(ctx.wt, cfg.branch, parent, cfg.editable, before)
+    if git_reason:  # refs, HEAD and .git files back as they were, before any reset
+        guard.restore(ctx.wt, cfg.branch, parent, before)
     model = pricing.resolve_model(cfg.model)
     usage = proposal.usage
     cost = usage.cost_usd if usage.cost_usd is not None else pricing.cost_usd(
@@ -214,7 +230,9 @@ def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str
         state.last_failure_log = agent_log if agent_log.exists() else state.last_failure_log
         cand.outcome = cand.row(ctx, "crash", f"researcher failed: {proposal.error}")
         return cand
-    reason = check(ctx, parent, state)
+    reason = git_reason or check(ctx, parent, state) or (cfg.policy and guard.policy_problem(
+        ctx.wt, parent, cfg.editable, cfg.metric, cfg.protected,
+        seal.enabled(cfg.sealed, cfg.worktree, cfg.protected))) or None
     if reason:
         ctx.wt.reset_hard(parent)
         cand.outcome = cand.row(ctx, "invalid", f"{cand.description} [invalid: {reason}]")
@@ -233,6 +251,7 @@ def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str
     cand.commit = ctx.wt.commit(cfg.editable, message)
     write_journal(cfg, {"iteration": iteration, "parent": parent, "started_at": started_at,
                         "phase": "train", "commit": cand.commit, "description": cand.description})
+    faults.point("after_commit")
     return cand
 
 
@@ -244,6 +263,7 @@ def judge_candidate(ctx: Context, state: RunState, cand: Candidate) -> Row:
         rows.append(cand.outcome)
     else:
         rows += _train_and_decide(ctx, state, cand)
+        faults.point("after_train")
     for r in rows:
         ledger.append(cfg.ledger_path, cfg.metric, r)
     if len(rows) > 1:
@@ -313,4 +333,5 @@ def repeat_row(cfg: RunConfig, result: TrainResult, candidate: int, commit: str,
                description=f"repeat of iteration {candidate} (seed {seed}){reason}",
                iteration=candidate, arm=cfg.arm, agent=agent, model=model or "",
                memory_gb=memory_gb(result), started_at=now_iso(), train_s=round(result.train_s, 3),
-               wall_s=round(result.train_s, 3), seed=seed, candidate=candidate, log=rel(cfg, log))
+               wall_s=round(result.train_s, 3), seed=seed, candidate=candidate, log=rel(cfg, log),
+               sealed=seal.cell(result))

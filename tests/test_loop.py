@@ -45,7 +45,8 @@ def test_every_status_and_git_invariants(repo: Path):
         write_file("prepare.py", "EVAL_BYTES = 1\n"),  # invalid: protected file
         RuntimeError("researcher bug"),      # crash: the researcher itself failed
     ]
-    cfg = config(repo, kill_after=3, iterations=len(script))
+    # six failures in a row (iterations 3-8) would stop the run at a health check
+    cfg = config(repo, kill_after=3, iterations=len(script), on_unhealthy="continue")
     researcher = ScriptedResearcher(script)
     heads = []
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import AgentError
+from .. import recovery
 from ..runner import kill_group
 
 STDERR_TAIL_CHARS = 500  # chars of stderr quoted in an error message
@@ -61,6 +62,7 @@ def run_agent(argv: list[str], cwd: Path, timeout_s: float, log_path: Path,
             result = ProcessResult("", "", None, False, time.monotonic() - start, launch_error=str(e))
             _write_log(log_path, argv, stdin_text, result)
             return result
+        recovery.track(log_path, proc.pid)  # a resumed run stops an agent its killed predecessor left
         timed_out = False
         try:
             proc.communicate(input=stdin_text.encode() if stdin_text is not None else None,
@@ -69,6 +71,8 @@ def run_agent(argv: list[str], cwd: Path, timeout_s: float, log_path: Path,
             timed_out = True
             kill_group(proc)
             proc.wait()
+        finally:
+            recovery.untrack(log_path)
         agent_s = time.monotonic() - start
         out.seek(0)
         err.seek(0)

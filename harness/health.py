@@ -1,0 +1,159 @@
+"""Health checkpoints: a night that has gone wrong stops with a reason instead of burning on.
+
+Between iterations the Monitor
+- checks the ledger against the harness's copy (ledgerguard.sync) and echoes new events;
+- stops after STREAK failures in a row (crash, timeout, invalid) in this session;
+- every `health_every` iterations: stops when more than FAILURE_RATE of the window failed,
+  naming the dominant cause, and trains the current best again: a `repeat` row, and a
+  `drift` event when its metric moved beyond the noise (sigma, else a relative tolerance);
+and after each row warns (an event) when the researcher's tokens pass TOKEN_FACTOR times the
+running median. With `on_unhealthy = continue` the stops become events.
+"""
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections import Counter
+from typing import Any, Callable
+
+from . import events, ledger, ledgerguard
+from .ledger import Row
+from .step import Context, RunState, evaluate, repeat_row
+
+FAILED = ("crash", "timeout", "invalid")
+FAILURE_RATE = 0.30  # of a checkpoint's window
+STREAK = 5  # failures in a row
+TOKEN_FACTOR = 2.0  # times the running median
+TOKEN_MIN_ROWS = 5  # rows before the median means anything
+DRIFT_Z = 3.0  # noise standard deviations a re-run of the best may move
+DRIFT_REL = 0.02  # relative tolerance when the noise is unknown
+HEALTH_SEED_OFFSET = 1000  # re-runs of the best use seeds no candidate uses
+
+
+def reason_of(description: str) -> str:
+    """The harness's reason in a description: the last [...] part, numbers blurred so causes group."""
+    found = re.findall(r"\[([^\[\]]+)\]", description or "")
+    text = found[-1] if found else (description or "")
+    return re.sub(r"\d+(\.\d+)?", "N", text)[:120]
+
+
+def diagnose(rows: list[dict[str, Any]]) -> str:
+    """'crash 6, invalid 3; most often crash: "exit code N: ..." (5 times)'."""
+    failed = [r for r in rows if r.get("status") in FAILED]
+    counts = Counter(r["status"] for r in failed)
+    if not counts:
+        return "no failures"
+    status = counts.most_common(1)[0][0]
+    cause, n = Counter(reason_of(r.get("description", "")) for r in failed if r["status"] == status).most_common(1)[0]
+    return (", ".join(f"{s} {c}" for s, c in counts.most_common())
+            + f"; most often {status}: \"{cause}\" ({n} time{'s' if n > 1 else ''})")
+
+
+def candidates(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if (r.get("iteration") or 0) > 0 and r.get("status") not in ("repeat", "budget")]
+
+
+class Monitor:
+    def __init__(self, ctx: Context, state: RunState, progress: Callable[[str, dict], None],
+                 events_from: int = 0):
+        self.ctx, self.state, self.progress = ctx, state, progress
+        self.cfg = ctx.cfg
+        self.session_start = state.iteration
+        self.offset = events_from
+        rows = ledger.read_rows(self.cfg.ledger_path)
+        self.tokens = [self._tokens(r) for r in candidates(rows) if r.get("agent_s") is not None]
+        self.checked: set[int] = set()
+
+    @staticmethod
+    def _tokens(row: Any) -> int:
+        get = row.get if isinstance(row, dict) else lambda k: getattr(row, k)
+        return (get("input_tokens") or 0) + (get("output_tokens") or 0)
+
+    def event(self, kind: str, message: str, **data: Any) -> None:
+        events.record(self.cfg.run_dir, kind, message, **data)
+        self.echo()
+
+    def echo(self) -> None:
+        new, self.offset = events.read(self.cfg.run_dir, self.offset)
+        for e in new:
+            self.progress("event", e)
+
+    def _unhealthy(self, message: str) -> str | None:
+        stop = self.cfg.on_unhealthy == "stop"
+        advice = ("fix the cause, then continue with --resume (or pass --on-unhealthy continue)" if stop
+                  else "continuing (--on-unhealthy continue)")
+        self.event("unhealthy", f"{message}; {advice}")
+        return f"unhealthy: {message}; {advice}" if stop else None
+
+    # --- the hooks the loop calls ---------------------------------------------------------
+
+    def before_iteration(self) -> str | None:
+        """None to go on, or why the run stops."""
+        ledgerguard.sync(self.cfg.ledger_path)
+        self.echo()
+        rows = ledger.read_rows(self.cfg.ledger_path)
+        session = [r for r in candidates(rows) if r["iteration"] > self.session_start]
+        run = 0  # failures in a row at the end of this session
+        while run < len(session) and session[-1 - run]["status"] in FAILED:
+            run += 1
+        if run and run % STREAK == 0 and -session[-1]["iteration"] not in self.checked:
+            self.checked.add(-session[-1]["iteration"])  # negative: streaks, positive: checkpoints
+            stop = self._unhealthy(f"{run} failures in a row ({diagnose(session[-run:])})")
+            if stop:
+                return stop
+        n, it = self.cfg.health_every, self.state.iteration
+        if not n or it == 0 or it % n or it <= self.session_start or it in self.checked:
+            return None
+        self.checked.add(it)
+        window = candidates(rows)[-n:]
+        failed = [r for r in window if r["status"] in FAILED]
+        self._check_best(rows, it)
+        if len(failed) > FAILURE_RATE * len(window):
+            return self._unhealthy(f"{len(failed)} of the last {len(window)} iterations failed, more than "
+                                   f"{FAILURE_RATE:.0%} ({diagnose(window)})")
+        return None
+
+    def after_row(self, row: Row) -> None:
+        if row.agent_s is None:
+            return
+        tokens = self._tokens(row)
+        if len(self.tokens) >= TOKEN_MIN_ROWS:
+            median = statistics.median(self.tokens)
+            if median > 0 and tokens > TOKEN_FACTOR * median:
+                self.event("tokens", f"iteration {row.iteration} used {tokens} tokens, more than "
+                           f"{TOKEN_FACTOR:g}x the running median ({median:g})", iteration=row.iteration)
+        self.tokens.append(tokens)
+
+    # --- the best, trained again --------------------------------------------------------------
+
+    def _check_best(self, rows: list[dict[str, Any]], it: int) -> None:
+        cfg, state = self.cfg, self.state
+        best = ledger.best_row(rows)
+        if best is None:
+            return
+        self.ctx.wt.reset_hard(state.best_commit)
+        seed = cfg.seed + HEALTH_SEED_OFFSET + it
+        log = cfg.logs_dir / f"iter-{it:04d}-health.log"
+        result = evaluate(cfg, cfg.worktree, log, seed)
+        row = repeat_row(cfg, result, best.get("iteration") or 0, state.best_commit, seed, log,
+                         self.ctx.researcher.name, cfg.model)
+        recorded, value = state.best_value, result.value(cfg.metric)
+        if value is None:
+            note = f"health check at iteration {it}: the best failed to train again ({result.reason})"
+            self.event("health_rerun_failed", note)
+        else:
+            drift = value - recorded
+            if state.sigma:
+                tol = DRIFT_Z * state.sigma * math.sqrt(1 + 1 / max(1, state.best_runs))
+            else:
+                tol = DRIFT_REL * abs(recorded)
+            if abs(drift) > tol:
+                note = (f"health check at iteration {it}: drift {drift:+.6f} from the recorded "
+                        f"{recorded:.6f}, beyond the noise (+-{tol:.6f})")
+                self.event("drift", note, iteration=it, value=value, recorded=recorded)
+            else:
+                note = f"health check at iteration {it}: within the noise ({drift:+.6f}, +-{tol:.6f})"
+        row.description = ledger.one_line(f"{row.description} [{note}]")
+        ledger.append(cfg.ledger_path, cfg.metric, row)
+        state.update_sigma(ledger.read_rows(cfg.ledger_path))

@@ -1,0 +1,113 @@
+"""Shared helpers of the fault suite: a real `harness run` subprocess, a scriptable cmd researcher,
+and the invariants that must hold after any fault and a resume."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from harness import ledger, ledgerguard
+
+from conftest import FAKE_TRAIN, ROOT, git, make_repo
+
+AGENT = r'''
+"""A cmd researcher for the fault suite: lowers VALUE each call; MODE picks a misbehaviour."""
+import json, os, re, signal, subprocess, sys, time
+from pathlib import Path
+
+wt, mode = Path(sys.argv[1]), (sys.argv[2] if len(sys.argv) > 2 else "ok")
+run_dir = wt.parent
+count_file = run_dir / "agent-count"
+n = int(count_file.read_text()) + 1 if count_file.exists() else 1
+count_file.write_text(str(n))
+(run_dir / "agent.pid").write_text(str(os.getpid()))
+train = wt / "train.py"
+source = train.read_text()
+value = float(re.search(r"^VALUE = (\S+)", source, re.M).group(1)) - 0.01
+train.write_text(re.sub(r"^VALUE = \S+", f"VALUE = {value!r}", source, count=1, flags=re.M))
+if mode == "kill_parent" and n == 1:       # SIGKILL the supervisor while the researcher runs
+    os.kill(os.getppid(), signal.SIGKILL)
+    time.sleep(60)
+if mode == "hang":
+    time.sleep(60)
+if mode == "garbage":
+    sys.stdout.buffer.write(bytes(range(256)) * 20)
+    print("\n{not json at all")
+    sys.exit(0)
+if mode == "ledger" and n in (1, 2):       # the ledger is reachable from the researcher's shell
+    ledger = run_dir / "results.tsv"
+    if n == 1:
+        ledger.write_text(ledger.read_text().replace("keep", "discard").replace("baseline", "edited"))
+    else:
+        ledger.unlink()
+if mode == "git" and n in (1, 2):
+    git = ["git", "-c", "user.name=x", "-c", "user.email=x@x"]
+    if n == 1:
+        subprocess.run([*git, "commit", "-qam", "amended", "--amend"], cwd=wt, check=True)
+    else:
+        subprocess.run([*git, "reset", "-q", "--soft", "HEAD~1"], cwd=wt, check=False)
+        subprocess.run([*git, "checkout", "-q", "-b", "elsewhere"], cwd=wt, check=True)
+if mode == "lock" and n == 1:              # a git command of ours, killed half-way
+    gitdir = subprocess.run(["git", "rev-parse", "--git-dir"], cwd=wt, capture_output=True, text=True).stdout.strip()
+    (wt / gitdir / "index.lock").write_text("")
+print(json.dumps({"description": f"VALUE {value}", "input_tokens": 100, "output_tokens": 10}))
+'''
+
+
+def slow_repo(path: Path, sleep_s: float = 0.4, **kw) -> Path:
+    """A research repo whose fake trainer takes sleep_s: long enough to be killed mid-training."""
+    return make_repo(path, FAKE_TRAIN.replace("SLEEP_S = 0.0", f"SLEEP_S = {sleep_s}"), **kw)
+
+
+def agent_arg(tmp: Path, mode: str = "ok") -> str:
+    script = tmp / "agent.py"
+    if not script.exists():
+        script.write_text(AGENT)
+    return f"cmd:{sys.executable} {script} {{workdir}} {mode}"
+
+
+def harness_run(repo: Path, tag: str, *args: str, fault: str | None = None, timeout: float = 120):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+    env["PYTHONPATH"] = str(ROOT)
+    if fault:
+        env["HARNESS_FAULT"] = fault
+    cmd = [sys.executable, "-m", "harness", "run", "--repo", str(repo), "--tag", tag,
+           "--baseline-runs", "1", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def candidates(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r["status"] != "repeat"]
+
+
+def assert_recovered(repo: Path, tag: str, iterations: int) -> list[dict]:
+    """Every candidate on the ledger exactly once, HEAD = best, worktree clean, nothing in flight."""
+    run_dir = repo / "runs" / tag
+    path = run_dir / "results.tsv"
+    data = path.read_bytes()
+    assert data.endswith(b"\n"), "a torn last line was left in the ledger"
+    assert data == ledgerguard.shadow_path(path).read_bytes(), "ledger and the harness's copy differ"
+    rows = ledger.read_rows(path)
+    assert [r["iteration"] for r in candidates(rows)] == list(range(iterations + 1)), rows
+    assert len(data.decode().strip().split("\n")) == len(rows) + 1  # header + rows: no line unparsed
+    best = ledger.best_row(rows)
+    wt = run_dir / "worktree"
+    assert git(wt, "rev-parse", "HEAD").startswith(best["commit"])
+    assert git(wt, "status", "--porcelain", "--ignored") == ""
+    assert git(wt, "symbolic-ref", "HEAD") == f"refs/heads/autoresearch/{tag}"
+    base = json.loads((run_dir / "run.json").read_text())["baseline_commit"]
+    kept = [r["commit"] for r in candidates(rows)[1:] if r["status"] == "keep"]
+    assert [c[:12] for c in git(repo, "rev-list", "--reverse", f"{base}..autoresearch/{tag}").split()] == kept
+    assert not (run_dir / "inflight.json").exists()
+    assert not list((run_dir / "logs").glob("*.pid"))
+    return rows
