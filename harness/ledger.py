@@ -24,11 +24,13 @@ TAIL_COLUMNS = (
     "agent_s", "train_s", "wall_s", "input_tokens", "cached_tokens", "output_tokens",
     "cost_usd", "retries", "log",
     "seed", "candidate", "runs", "mean", "sigma",
+    "lane",
 )
 NUMERIC = {"memory_gb", "iteration", "best_before", "delta", "agent_s", "train_s", "wall_s",
            "input_tokens", "cached_tokens", "output_tokens", "cost_usd", "retries",
-           "seed", "candidate", "runs", "mean", "sigma"}
-INTEGER = {"iteration", "input_tokens", "cached_tokens", "output_tokens", "retries", "seed", "candidate", "runs"}
+           "seed", "candidate", "runs", "mean", "sigma", "lane"}
+INTEGER = {"iteration", "input_tokens", "cached_tokens", "output_tokens", "retries", "seed", "candidate", "runs",
+           "lane"}
 
 
 def columns(metric: str) -> list[str]:
@@ -70,6 +72,7 @@ class Row:
     runs: int | None = None  # training runs behind this decision (1 + confirmations)
     mean: float | None = None  # the mean over those runs: the value that was compared
     sigma: float | None = None  # the noise floor at decision time
+    lane: int | None = None  # the lane (one per GPU) that trained it; None outside the lane scheduler
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

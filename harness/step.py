@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -48,6 +49,7 @@ class Context:
     wt: Worktree
     researcher: Researcher
     program_text: str
+    journal: str = "inflight.json"  # this worktree's in-flight journal (lanes have one per worktree)
 
 
 def now_iso() -> str:
@@ -65,7 +67,7 @@ def rel(cfg: RunConfig, path: Path) -> str:
 # The parts
 
 
-def propose(ctx: Context, state: RunState, iteration: int, parent: str) -> Proposal:
+def propose(ctx: Context, state: RunState, iteration: int, parent: str, note: str = "") -> Proposal:
     """Reset the worktree to parent and ask the researcher for one change."""
     cfg = ctx.cfg
     ctx.wt.reset_hard(parent)
@@ -74,8 +76,8 @@ def propose(ctx: Context, state: RunState, iteration: int, parent: str) -> Propo
         ctx.program_text, metric=cfg.metric, direction=cfg.direction,
         best=ledger.best_row(rows), rows=rows, history_rows=cfg.history_rows,
         last_failure=tail(state.last_failure_log) if state.last_failure_log else "",
-        editable=cfg.editable)
-    task = Task(worktree=cfg.worktree, prompt=text, editable=cfg.editable,
+        editable=cfg.editable, note=note)
+    task = Task(worktree=ctx.wt.path, prompt=text, editable=cfg.editable,
                 timeout_s=cfg.agent_timeout, log_path=cfg.logs_dir / f"iter-{iteration:04d}-agent.log",
                 iteration=iteration, seed=cfg.seed, tried=frozenset(state.tried))
     start = time.monotonic()
@@ -101,13 +103,13 @@ def check(ctx: Context, parent: str, state: RunState) -> str | None:
     if outside:
         return "changed files outside the editable set: " + ", ".join(outside[:10])
     for c in changes:
-        p = cfg.worktree / c.path
+        p = ctx.wt.path / c.path
         if "D" in c.status or not p.exists():
             return f"deleted {c.path}"
         if p.is_symlink():
             return f"{c.path} became a symlink"
     for path, digest in state.protected_hashes.items():
-        if sha256_file(cfg.worktree / path) != digest:
+        if sha256_file(ctx.wt.path / path) != digest:
             return f"protected file {path} changed"
     return None
 
@@ -116,7 +118,7 @@ def preflight(ctx: Context) -> str | None:
     """A syntax error is a crash found in milliseconds, not after a training run."""
     for path in ctx.cfg.editable:
         if path.endswith(".py"):
-            source = (ctx.cfg.worktree / path).read_bytes()
+            source = (ctx.wt.path / path).read_bytes()
             try:
                 compile(source, path, "exec", dont_inherit=True)
             except (SyntaxError, ValueError) as e:
@@ -124,8 +126,9 @@ def preflight(ctx: Context) -> str | None:
     return None
 
 
-def evaluate(cfg: RunConfig, worktree: Path, log_path: Path, seed: int) -> TrainResult:
-    """Train the code in worktree once under the hard deadline."""
+def evaluate(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
+             cancel: threading.Event | None = None) -> TrainResult:
+    """Train the code in worktree once under the hard deadline (cancel set = KeyboardInterrupt)."""
     extra = {"HARNESS_TIME_BUDGET": f"{cfg.time_budget:g}", "HARNESS_SEED": str(seed),
              "HARNESS_RESULT_FILE": str(log_path.with_suffix(".result.json"))}
     if cfg.max_steps is not None:
@@ -134,7 +137,7 @@ def evaluate(cfg: RunConfig, worktree: Path, log_path: Path, seed: int) -> Train
         extra["CUDA_VISIBLE_DEVICES"] = cfg.gpu
     env = training_env(dict(os.environ), extra)
     return run_training(cfg.train_command, worktree, env, log_path, cfg.metric,
-                        kill_after_s=cfg.kill_after, stall_after_s=cfg.stall_after * 60)
+                        kill_after_s=cfg.kill_after, stall_after_s=cfg.stall_after * 60, cancel=cancel)
 
 
 def memory_gb(result: TrainResult) -> float | None:
@@ -146,18 +149,18 @@ def memory_gb(result: TrainResult) -> float | None:
 # Journal of the in-flight candidate: lets resume record it instead of losing it
 
 
-def journal_path(cfg: RunConfig) -> Path:
-    return cfg.run_dir / "inflight.json"
+def journal_path(cfg: RunConfig, name: str = "inflight.json") -> Path:
+    return cfg.run_dir / name
 
 
-def write_journal(cfg: RunConfig, data: dict) -> None:
-    tmp = journal_path(cfg).with_suffix(".tmp")
+def write_journal(cfg: RunConfig, data: dict, name: str = "inflight.json") -> None:
+    tmp = journal_path(cfg, name).with_suffix(".tmp")
     tmp.write_text(json.dumps(data))
-    os.replace(tmp, journal_path(cfg))
+    os.replace(tmp, journal_path(cfg, name))
 
 
-def clear_journal(cfg: RunConfig) -> None:
-    journal_path(cfg).unlink(missing_ok=True)
+def clear_journal(cfg: RunConfig, name: str = "inflight.json") -> None:
+    journal_path(cfg, name).unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------
@@ -196,13 +199,13 @@ class Candidate:
 
 
 def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str,
-                      best_before: float) -> Candidate:
+                      best_before: float, note: str = "") -> Candidate:
     """Propose, check and commit one candidate on parent. Never trains; never writes the ledger."""
     cfg = ctx.cfg
     started_at, t0 = now_iso(), time.monotonic()
     write_journal(cfg, {"iteration": iteration, "parent": parent, "started_at": started_at,
-                        "phase": "propose"})
-    proposal = propose(ctx, state, iteration, parent)
+                        "phase": "propose"}, ctx.journal)
+    proposal = propose(ctx, state, iteration, parent, note)
     model = pricing.resolve_model(cfg.model)
     usage = proposal.usage
     cost = usage.cost_usd if usage.cost_usd is not None else pricing.cost_usd(
@@ -220,7 +223,7 @@ def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str
         ctx.wt.reset_hard(parent)
         cand.outcome = cand.row(ctx, "invalid", f"{cand.description} [invalid: {reason}]")
         return cand
-    digest = content_hash(cfg.worktree, cfg.editable)
+    digest = content_hash(ctx.wt.path, cfg.editable)
     if digest in state.tried:
         ctx.wt.reset_hard(parent)
         cand.outcome = cand.row(ctx, "skip", f"{cand.description} [already evaluated in this run]")
@@ -233,7 +236,7 @@ def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str
                f"Harness-Model: {model or '-'}\n")
     cand.commit = ctx.wt.commit(cfg.editable, message)
     write_journal(cfg, {"iteration": iteration, "parent": parent, "started_at": started_at,
-                        "phase": "train", "commit": cand.commit, "description": cand.description})
+                        "phase": "train", "commit": cand.commit, "description": cand.description}, ctx.journal)
     return cand
 
 
@@ -249,7 +252,7 @@ def judge_candidate(ctx: Context, state: RunState, cand: Candidate) -> Row:
         ledger.append(cfg.ledger_path, cfg.metric, r)
     if len(rows) > 1:
         state.update_sigma(ledger.read_rows(cfg.ledger_path))
-    clear_journal(cfg)
+    clear_journal(cfg, ctx.journal)
     state.iteration = max(state.iteration, cand.iteration)
     return rows[0]
 
@@ -263,7 +266,7 @@ def _train_and_decide(ctx: Context, state: RunState, cand: Candidate) -> list[Ro
         ctx.wt.reset_hard(cand.parent)
         state.last_failure_log = train_log
         return [cand.row(ctx, "crash", f"{description} [{problem}]", log=train_log)]
-    result = evaluate(cfg, cfg.worktree, train_log, cfg.seed)
+    result = evaluate(cfg, ctx.wt.path, train_log, cfg.seed)
     if result.status != "ok":
         ctx.wt.reset_hard(cand.parent)
         state.last_failure_log = train_log
@@ -275,7 +278,7 @@ def _train_and_decide(ctx: Context, state: RunState, cand: Candidate) -> list[Ro
     if verdict == decide.CONFIRM:
         for j in range(1, cfg.confirm + 1):
             log_j = cfg.logs_dir / f"iter-{cand.iteration:04d}-r{j}.log"
-            rerun = evaluate(cfg, cfg.worktree, log_j, cfg.seed + j)
+            rerun = evaluate(cfg, ctx.wt.path, log_j, cfg.seed + j)
             repeats.append(repeat_row(cfg, rerun, cand.iteration, cand.commit, cfg.seed + j, log_j,
                                       ctx.researcher.name, cand.model))
             if rerun.status != "ok":
