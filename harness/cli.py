@@ -9,7 +9,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from . import __version__, loop, rerun as rerun_mod, status as status_mod
+from . import __version__, loop, pipeline as pipeline_mod, rerun as rerun_mod, status as status_mod
 from .config import resolve
 from .errors import HarnessError
 from .initrepo import init_example, init_repo
@@ -92,7 +92,8 @@ def show_progress(event: str, data: dict[str, Any]) -> None:
     elif event == "start":
         err.print(f"best so far {data['best']:.6f} after iteration {data['iteration']}")
     elif event == "iteration":
-        err.print(f"[dim]iteration {data['iteration']} (elapsed {data['elapsed_s']:.0f}s): researcher ...[/]")
+        lane = f" lane {data['lane']}" if "lane" in data else ""
+        err.print(f"[dim]iteration {data['iteration']}{lane} (elapsed {data['elapsed_s']:.0f}s): researcher ...[/]")
     elif event == "row":
         row = data["row"]
         color = {"keep": "green", "discard": "yellow"}.get(row.status, "red")
@@ -126,11 +127,15 @@ def main() -> None:
 @run_options
 @click.option("--hours", type=float, default=None, help="Stop starting iterations after this many hours.")
 @click.option("--iterations", type=int, default=None, help="Stop after N iterations (the baseline not counted).")
+@click.option("--pipeline/--no-pipeline", default=None,
+              help="Propose the next candidate while one trains (default: on for remote researchers).")
+@click.option("--gpus", default=None, help="One lane per GPU, e.g. 0,1,2,3 (CUDA_VISIBLE_DEVICES of each lane).")
 @friendly
-def run(repo, tag, resume, hours, iterations, **flags):
+def run(repo, tag, resume, hours, iterations, pipeline, gpus, **flags):
     """Run the autoresearch loop until --hours, --iterations, a budget cap, or Ctrl-C."""
-    cfg = build_config(repo, tag, hours=hours, iterations=iterations, **flags)
-    summary = loop.run(cfg, resume=resume, progress=show_progress)
+    cfg = build_config(repo, tag, hours=hours, iterations=iterations, pipeline=pipeline,
+                       gpus=pipeline_mod.parse_gpus(gpus) or None, **flags)
+    summary = pipeline_mod.run(cfg, resume=resume, progress=show_progress)
     print_summary(summary)
 
 
@@ -141,7 +146,7 @@ def step(repo, tag, resume, **flags):
     """Run exactly one iteration (setting the run up first if needed), then exit."""
     cfg = build_config(repo, tag, **flags)
     exists = cfg.run_dir.joinpath("results.tsv").exists()
-    summary = loop.run(cfg, resume=resume or exists, progress=show_progress, max_steps=1)
+    summary = pipeline_mod.run(cfg, resume=resume or exists, progress=show_progress, max_steps=1)
     print_summary(summary)
 
 

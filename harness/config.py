@@ -177,6 +177,8 @@ class RunConfig:
     policy: bool = True
     health_every: int = 25  # iterations
     on_unhealthy: str = "stop"
+    pipeline: bool | None = None  # propose the next candidate while one trains; None = when safe
+    gpus: tuple[str, ...] = ()  # one lane per GPU (--gpus 0,1,2,3); () = one lane, inherited GPU
 
     @property
     def branch(self) -> str:
@@ -221,7 +223,8 @@ def resolve(repo: Path, tag: str, overrides: dict[str, Any]) -> RunConfig:
             merged[key] = _check_value(key, value)
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from e
-    run_only = {"hours", "iterations", "from_rev", "max_tokens", "max_cost", "agent_options", "arm", "run_root", "gpu"}
+    run_only = {"hours", "iterations", "from_rev", "max_tokens", "max_cost", "agent_options", "arm", "run_root", "gpu",
+                "pipeline", "gpus"}
     extra: dict[str, Any] = {}
     for key, value in overrides.items():
         if value is None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,6 +124,19 @@ class GitGate:
     def worktree(self, path: Path) -> "Worktree":
         return Worktree(path)
 
+    def detached_worktree(self, path: Path, rev: str) -> "Worktree":
+        """A harness-owned detached worktree at rev (a lane's): created, or re-attached on resume."""
+        sha = self.require_commit(rev)
+        self.prune()
+        if not (path / ".git").exists():
+            if path.exists():  # left over from a pruned worktree: harness-owned, nothing to keep
+                shutil.rmtree(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.repo.git.worktree("add", "--detach", str(path), sha)
+        wt = Worktree(path)
+        wt.reset_hard(sha)
+        return wt
+
 
 class Worktree:
     """Verbs on the run's worktree: what changed, commit, reset."""
@@ -183,3 +197,16 @@ class Worktree:
 
     def show(self, commit: str, path: str) -> str:
         return self.repo.git.show(f"{commit}:{path}")
+
+    def file_at(self, commit: str, path: str) -> bytes | None:
+        """The exact bytes of path at commit, or None where it does not exist."""
+        try:
+            return (self.repo.commit(commit).tree / path).data_stream.read()
+        except KeyError:
+            return None
+
+    def merge_file(self, ours: Path, base: Path, theirs: Path) -> int:
+        """git merge-file: merge base->theirs into ours in place; the number of conflicts (<0: error)."""
+        status, _, _ = self.repo.git.execute(["git", "merge-file", "-q", str(ours), str(base), str(theirs)],
+                                             with_extended_output=True, with_exceptions=False)
+        return status

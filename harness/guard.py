@@ -45,6 +45,15 @@ class Snapshot:
     own_dir: Path  # the worktree's private git dir (.git/worktrees/<name>)
     refs: dict[str, str] = field(default_factory=dict)
     files: dict[str, bytes | None] = field(default_factory=dict)  # .git files by path, None = absent
+    head: str = ""  # the worktree's HEAD file: the run branch, or a sha for a lane's detached worktree
+
+    def attached(self, branch: str) -> bool:
+        return self.head == f"ref: refs/heads/{branch}"
+
+
+def _head(own: Path) -> str:
+    head_file = own / "HEAD"
+    return head_file.read_text().strip() if head_file.exists() else ""
 
 
 def _git_dirs(wt: Worktree) -> tuple[Path, Path]:
@@ -79,17 +88,17 @@ def _files(common: Path, own: Path) -> dict[str, bytes | None]:
 
 def snapshot(wt: Worktree, branch: str) -> Snapshot:
     common, own = _git_dirs(wt)
-    return Snapshot(common, own, _refs(wt.path, branch), _files(common, own))
+    return Snapshot(common, own, _refs(wt.path, branch), _files(common, own), _head(own))
 
 
 def git_problem(wt: Worktree, branch: str, parent: str, editable: tuple[str, ...], snap: Snapshot) -> str | None:
     """Why the researcher's session broke a git rule, or None (detection only; see restore)."""
-    head_file = (snap.own_dir / "HEAD").read_text().strip() if (snap.own_dir / "HEAD").exists() else ""
-    if head_file != f"ref: refs/heads/{branch}":
-        return ("the researcher switched HEAD away from the run branch (git checkout/switch); "
+    if _head(snap.own_dir) != snap.head:
+        return ("the researcher switched HEAD away (git checkout/switch, or a commit or reset on a detached HEAD); "
                 "only edit the files, the harness does all git work")
     refs = _refs(wt.path, branch)
-    if refs.get(f"refs/heads/{branch}") != parent:
+    # A lane's detached worktree leaves the run branch to the scheduler, which moves it.
+    if snap.attached(branch) and refs.get(f"refs/heads/{branch}") != parent:
         return ("the researcher moved the run branch (git commit, commit --amend, reset, rebase or "
                 "merge); only edit the files, the harness commits and resets")
     moved = sorted(n for n in set(refs) | set(snap.refs)
@@ -145,12 +154,15 @@ def restore(wt: Worktree, branch: str, parent: str, snap: Snapshot) -> list[str]
             else:
                 Path(p).write_bytes(before)
             fixed.append(f"restored {p}")
-    head_file = snap.own_dir / "HEAD"
-    if head_file.read_text().strip() != f"ref: refs/heads/{branch}":
+    if not snap.attached(branch):
+        if _head(snap.own_dir) != snap.head:
+            _git(wt.path, "update-ref", "--no-deref", "HEAD", parent)
+            fixed.append(f"put the detached HEAD back at {parent[:12]}")
+    elif _head(snap.own_dir) != snap.head:
         _git(wt.path, "symbolic-ref", "HEAD", f"refs/heads/{branch}")
         fixed.append("re-attached HEAD to the run branch")
     refs = _refs(wt.path, branch)
-    if refs.get(f"refs/heads/{branch}") != parent:
+    if snap.attached(branch) and refs.get(f"refs/heads/{branch}") != parent:
         _git(wt.path, "update-ref", f"refs/heads/{branch}", parent)
         fixed.append(f"moved {branch} back to {parent[:12]}")
     for name in set(refs) | set(snap.refs):

@@ -26,11 +26,13 @@ TAIL_COLUMNS = (
     "cost_usd", "retries", "log",
     "seed", "candidate", "runs", "mean", "sigma",
     "sealed",
+    "lane",
 )
 NUMERIC = {"memory_gb", "iteration", "best_before", "delta", "agent_s", "train_s", "wall_s",
            "input_tokens", "cached_tokens", "output_tokens", "cost_usd", "retries",
-           "seed", "candidate", "runs", "mean", "sigma"}
-INTEGER = {"iteration", "input_tokens", "cached_tokens", "output_tokens", "retries", "seed", "candidate", "runs"}
+           "seed", "candidate", "runs", "mean", "sigma", "lane"}
+INTEGER = {"iteration", "input_tokens", "cached_tokens", "output_tokens", "retries", "seed", "candidate", "runs",
+           "lane"}
 
 
 def columns(metric: str) -> list[str]:
@@ -73,6 +75,7 @@ class Row:
     mean: float | None = None  # the mean over those runs: the value that was compared
     sigma: float | None = None  # the noise floor at decision time
     sealed: str = ""  # yes: the metric came from a verified sealed result; no: from stdout; "": no training
+    lane: int | None = None  # the lane (one per GPU) that trained it; None outside the lane scheduler
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

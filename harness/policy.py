@@ -68,7 +68,7 @@ def added_lines(old: str, new: str) -> list[tuple[int, str]]:
 def module_aliases(source: str, module: str = "prepare") -> set[str]:
     """The names under which source can reach `module` itself (import prepare [as p])."""
     names = set()
-    for m in re.finditer(rf"^\s*import\s+(.+)$", source, re.M):
+    for m in re.finditer(r"^\s*import\s+(.+)$", source, re.M):
         for part in m.group(1).split(","):
             bits = part.split()
             if bits and bits[0] == module:

@@ -11,6 +11,7 @@ import re
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,12 +127,13 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, metric: str,
                  kill_after_s: float, stall_after_s: float | None = None,
-                 pass_fds: tuple[int, ...] = ()) -> TrainResult:
+                 pass_fds: tuple[int, ...] = (), cancel: threading.Event | None = None) -> TrainResult:
     """Run the job to completion, a crash, the hard deadline or a stall; never raises for job failures.
 
-    A KeyboardInterrupt while waiting kills the job's process group and propagates. pass_fds are
-    inherited by the job (the seal key's pipe). The group's id is kept in `<log>.pid` while it
-    runs, so a resumed supervisor can stop a job its killed predecessor left behind.
+    A KeyboardInterrupt while waiting (or cancel set, from another thread) kills the job's
+    process group and propagates as KeyboardInterrupt. pass_fds are inherited by the job (the
+    seal key's pipe). The group's id is kept in `<log>.pid` while it runs, so a resumed
+    supervisor can stop a job its killed predecessor left behind.
     """
     argv = shlex.split(command)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -154,6 +156,8 @@ def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, m
                     break
                 except subprocess.TimeoutExpired:
                     pass
+                if cancel is not None and cancel.is_set():
+                    raise KeyboardInterrupt("training cancelled")
                 now = time.monotonic()
                 if now - start > kill_after_s:
                     status, reason = "timeout", f"still running after {kill_after_s:.0f}s (kill_after)"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -47,6 +48,7 @@ class Context:
     wt: Worktree
     researcher: Researcher
     program_text: str
+    journal: str = "inflight.json"  # this worktree's in-flight journal (lanes have one per worktree)
 
 
 def now_iso() -> str:
@@ -64,7 +66,7 @@ def rel(cfg: RunConfig, path: Path) -> str:
 # The parts
 
 
-def propose(ctx: Context, state: RunState, iteration: int, parent: str) -> Proposal:
+def propose(ctx: Context, state: RunState, iteration: int, parent: str, note: str = "") -> Proposal:
     """Reset the worktree to parent and ask the researcher for one change."""
     cfg = ctx.cfg
     ctx.wt.reset_hard(parent)
@@ -73,8 +75,8 @@ def propose(ctx: Context, state: RunState, iteration: int, parent: str) -> Propo
         ctx.program_text, metric=cfg.metric, direction=cfg.direction,
         best=ledger.best_row(rows), rows=rows, history_rows=cfg.history_rows,
         last_failure=tail(state.last_failure_log) if state.last_failure_log else "",
-        editable=cfg.editable)
-    task = Task(worktree=cfg.worktree, prompt=text, editable=cfg.editable,
+        editable=cfg.editable, note=note)
+    task = Task(worktree=ctx.wt.path, prompt=text, editable=cfg.editable,
                 timeout_s=cfg.agent_timeout, log_path=cfg.logs_dir / f"iter-{iteration:04d}-agent.log",
                 iteration=iteration, seed=cfg.seed, tried=frozenset(state.tried))
     start = time.monotonic()
@@ -100,13 +102,13 @@ def check(ctx: Context, parent: str, state: RunState) -> str | None:
     if outside:
         return "changed files outside the editable set: " + ", ".join(outside[:10])
     for c in changes:
-        p = cfg.worktree / c.path
+        p = ctx.wt.path / c.path
         if "D" in c.status or not p.exists():
             return f"deleted {c.path}"
         if p.is_symlink():
             return f"{c.path} became a symlink"
     for path, digest in state.protected_hashes.items():
-        if sha256_file(cfg.worktree / path) != digest:
+        if sha256_file(ctx.wt.path / path) != digest:
             return f"protected file {path} changed"
     return None
 
@@ -115,7 +117,7 @@ def preflight(ctx: Context) -> str | None:
     """A syntax error is a crash found in milliseconds, not after a training run."""
     for path in ctx.cfg.editable:
         if path.endswith(".py"):
-            source = (ctx.cfg.worktree / path).read_bytes()
+            source = (ctx.wt.path / path).read_bytes()
             try:
                 compile(source, path, "exec", dont_inherit=True)
             except (SyntaxError, ValueError) as e:
@@ -123,8 +125,9 @@ def preflight(ctx: Context) -> str | None:
     return None
 
 
-def evaluate(cfg: RunConfig, worktree: Path, log_path: Path, seed: int) -> TrainResult:
-    """Train the code in worktree once under the hard deadline.
+def evaluate(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
+             cancel: threading.Event | None = None) -> TrainResult:
+    """Train the code in worktree once under the hard deadline (cancel set = KeyboardInterrupt).
 
     Protected files are checked (and restored) before the job and checked after it; a sealed
     workload's figures come only from prepare.py's sealed result (guard.py, seal.py).
@@ -140,7 +143,8 @@ def evaluate(cfg: RunConfig, worktree: Path, log_path: Path, seed: int) -> Train
     with seal.channel(seal.enabled(cfg.sealed, worktree, cfg.protected)) as ch:
         env = seal.job_env(training_env(dict(os.environ), extra), ch)
         result = run_training(cfg.train_command, worktree, env, log_path, cfg.metric,
-                              kill_after_s=cfg.kill_after, stall_after_s=cfg.stall_after * 60, pass_fds=ch.fds)
+                              kill_after_s=cfg.kill_after, stall_after_s=cfg.stall_after * 60, pass_fds=ch.fds,
+                              cancel=cancel)
     result = seal.judge(result, result_file, ch.key, cfg.metric, cfg.time_budget)
     return guard.after_training(cfg.run_dir, worktree, cfg.protected, result)
 
@@ -154,18 +158,18 @@ def memory_gb(result: TrainResult) -> float | None:
 # Journal of the in-flight candidate: lets resume record it instead of losing it
 
 
-def journal_path(cfg: RunConfig) -> Path:
-    return cfg.run_dir / "inflight.json"
+def journal_path(cfg: RunConfig, name: str = "inflight.json") -> Path:
+    return cfg.run_dir / name
 
 
-def write_journal(cfg: RunConfig, data: dict) -> None:
-    tmp = journal_path(cfg).with_suffix(".tmp")
+def write_journal(cfg: RunConfig, data: dict, name: str = "inflight.json") -> None:
+    tmp = journal_path(cfg, name).with_suffix(".tmp")
     tmp.write_text(json.dumps(data))
-    os.replace(tmp, journal_path(cfg))
+    os.replace(tmp, journal_path(cfg, name))
 
 
-def clear_journal(cfg: RunConfig) -> None:
-    journal_path(cfg).unlink(missing_ok=True)
+def clear_journal(cfg: RunConfig, name: str = "inflight.json") -> None:
+    journal_path(cfg, name).unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------
@@ -205,14 +209,14 @@ class Candidate:
 
 
 def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str,
-                      best_before: float) -> Candidate:
+                      best_before: float, note: str = "") -> Candidate:
     """Propose, check and commit one candidate on parent. Never trains; never writes the ledger."""
     cfg = ctx.cfg
     started_at, t0 = now_iso(), time.monotonic()
     write_journal(cfg, {"iteration": iteration, "parent": parent, "started_at": started_at,
-                        "phase": "propose"})
+                        "phase": "propose"}, ctx.journal)
     before = guard.snapshot(ctx.wt, cfg.branch)
-    proposal = propose(ctx, state, iteration, parent)
+    proposal = propose(ctx, state, iteration, parent, note)
     faults.point("after_propose")
     guard.clear_stale_lock(ctx.wt)
     git_reason = guard.git_problem(ctx.wt, cfg.branch, parent, cfg.editable, before)
@@ -232,12 +236,12 @@ def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str
         return cand
     reason = git_reason or check(ctx, parent, state) or (cfg.policy and guard.policy_problem(
         ctx.wt, parent, cfg.editable, cfg.metric, cfg.protected,
-        seal.enabled(cfg.sealed, cfg.worktree, cfg.protected))) or None
+        seal.enabled(cfg.sealed, ctx.wt.path, cfg.protected))) or None
     if reason:
         ctx.wt.reset_hard(parent)
         cand.outcome = cand.row(ctx, "invalid", f"{cand.description} [invalid: {reason}]")
         return cand
-    digest = content_hash(cfg.worktree, cfg.editable)
+    digest = content_hash(ctx.wt.path, cfg.editable)
     if digest in state.tried:
         ctx.wt.reset_hard(parent)
         cand.outcome = cand.row(ctx, "skip", f"{cand.description} [already evaluated in this run]")
@@ -250,7 +254,7 @@ def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str
                f"Harness-Model: {model or '-'}\n")
     cand.commit = ctx.wt.commit(cfg.editable, message)
     write_journal(cfg, {"iteration": iteration, "parent": parent, "started_at": started_at,
-                        "phase": "train", "commit": cand.commit, "description": cand.description})
+                        "phase": "train", "commit": cand.commit, "description": cand.description}, ctx.journal)
     faults.point("after_commit")
     return cand
 
@@ -268,54 +272,84 @@ def judge_candidate(ctx: Context, state: RunState, cand: Candidate) -> Row:
         ledger.append(cfg.ledger_path, cfg.metric, r)
     if len(rows) > 1:
         state.update_sigma(ledger.read_rows(cfg.ledger_path))
-    clear_journal(cfg)
+    clear_journal(cfg, ctx.journal)
     state.iteration = max(state.iteration, cand.iteration)
     return rows[0]
 
 
-def _train_and_decide(ctx: Context, state: RunState, cand: Candidate) -> list[Row]:
+@dataclass
+class Measured:
+    """A candidate trained (and, for a win under the noise gate, confirmed): what the decision needs."""
+    verdict: str  # decide.KEEP or decide.DISCARD; "" when the candidate failed (see failure)
+    values: list[float]
+    repeats: list[Row]
+    description: str
+    result: TrainResult | None
+    log: Path
+    failure: Row | None = None  # a preflight crash or a failed first run
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.values)
+
+    def primary(self, ctx: Context, cand: Candidate, sigma: float | None) -> Row:
+        """The candidate's own row: the first run's value, and the mean over its runs."""
+        row = cand.row(ctx, "keep" if self.verdict == decide.KEEP else "discard", self.description,
+                       self.result, self.log)
+        row.runs, row.seed, row.sigma = len(self.values), ctx.cfg.seed, sigma
+        row.delta = self.mean - cand.best_before
+        if len(self.values) > 1:
+            row.mean = self.mean
+            row.description = ledger.one_line(f"{self.description} [mean of {len(self.values)} runs]")
+        return row
+
+
+def measure(ctx: Context, state: RunState, cand: Candidate, best_runs: int, sigma: float | None,
+            cancel: threading.Event | None = None) -> Measured:
+    """Preflight, train, and confirm a win on other seeds; decide against cand.best_before."""
     cfg, description = ctx.cfg, cand.description
     train_log = cfg.logs_dir / f"iter-{cand.iteration:04d}.log"
     problem = preflight(ctx)
     if problem:
         train_log.write_text(problem + "\n")
-        ctx.wt.reset_hard(cand.parent)
         state.last_failure_log = train_log
-        return [cand.row(ctx, "crash", f"{description} [{problem}]", log=train_log)]
-    result = evaluate(cfg, cfg.worktree, train_log, cfg.seed)
+        return Measured("", [], [], description, None, train_log,
+                        cand.row(ctx, "crash", f"{description} [{problem}]", log=train_log))
+    result = evaluate(cfg, ctx.wt.path, train_log, cfg.seed, cancel=cancel)
     if result.status != "ok":
-        ctx.wt.reset_hard(cand.parent)
         state.last_failure_log = train_log
-        return [cand.row(ctx, result.status, f"{description} [{result.reason}]", result, train_log)]
-    # Decide; under the noise gate a win is confirmed on other seeds before it is kept.
+        return Measured("", [], [], description, result, train_log,
+                        cand.row(ctx, result.status, f"{description} [{result.reason}]", result, train_log))
     values, repeats = [result.value(cfg.metric)], []
-    verdict, _ = decide.decide(cfg.gate_settings, values, cand.best_before, state.best_runs, state.sigma,
+    verdict, _ = decide.decide(cfg.gate_settings, values, cand.best_before, best_runs, sigma,
                                can_confirm=cfg.confirm > 0)
     if verdict == decide.CONFIRM:
         for j in range(1, cfg.confirm + 1):
             log_j = cfg.logs_dir / f"iter-{cand.iteration:04d}-r{j}.log"
-            rerun = evaluate(cfg, cfg.worktree, log_j, cfg.seed + j)
+            rerun = evaluate(cfg, ctx.wt.path, log_j, cfg.seed + j, cancel=cancel)
             repeats.append(repeat_row(cfg, rerun, cand.iteration, cand.commit, cfg.seed + j, log_j,
                                       ctx.researcher.name, cand.model))
             if rerun.status != "ok":
                 break
             values.append(rerun.value(cfg.metric))
-        verdict, _ = decide.decide(cfg.gate_settings, values, cand.best_before, state.best_runs, state.sigma,
+        verdict, _ = decide.decide(cfg.gate_settings, values, cand.best_before, best_runs, sigma,
                                    can_confirm=False)
         if len(values) < cfg.confirm + 1:
             verdict, description = decide.DISCARD, f"{description} [a confirmation run failed]"
-    mean = statistics.fmean(values)
-    primary = cand.row(ctx, "keep" if verdict == decide.KEEP else "discard", description, result, train_log)
-    primary.runs, primary.seed, primary.sigma = len(values), cfg.seed, state.sigma
-    primary.delta = mean - cand.best_before
-    if len(values) > 1:
-        primary.mean = mean
-        primary.description = ledger.one_line(f"{description} [mean of {len(values)} runs]")
-    if verdict == decide.KEEP:
-        state.best_commit, state.best_value, state.best_runs = cand.commit, mean, len(values)
+    return Measured(verdict, values, repeats, description, result, train_log)
+
+
+def _train_and_decide(ctx: Context, state: RunState, cand: Candidate) -> list[Row]:
+    m = measure(ctx, state, cand, state.best_runs, state.sigma)
+    if m.failure is not None:
+        ctx.wt.reset_hard(cand.parent)
+        return [m.failure]
+    primary = m.primary(ctx, cand, state.sigma)
+    if m.verdict == decide.KEEP:
+        state.best_commit, state.best_value, state.best_runs = cand.commit, m.mean, len(m.values)
     else:
         ctx.wt.reset_hard(cand.parent)
-    return [primary, *repeats]
+    return [primary, *m.repeats]
 
 
 def run_step(ctx: Context, state: RunState) -> Row:

@@ -4,7 +4,6 @@ The harness tests edit its globals to make it improve, regress, crash, hang, pri
 overrun its budget.
 """
 import os
-import signal
 import subprocess
 import sys
 import time

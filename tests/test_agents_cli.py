@@ -70,7 +70,7 @@ def test_codex_usage_from_the_last_turn_timeout_kills_the_group(repo: Path, agen
     assert not alive(grandchild)  # it ignored SIGTERM: only killing the group stops it
     first = calls(agents_env)[0]
     argv = first["argv"][1:]
-    worktree = str(repo / "runs" / "cx" / "worktree")
+    worktree = str(repo / "runs" / "cx" / "lanes" / "0a")  # codex is pipelined by default: a lane's worktree
     assert argv[:2] == ["exec", "--json"] and argv[-1] == "-"
     assert argv[argv.index("-m") + 1] == "gpt-5.3-codex-spark"
     assert argv[argv.index("--sandbox") + 1] == "workspace-write" and "--ephemeral" in argv
@@ -94,7 +94,7 @@ def test_claude_not_logged_in_is_a_crash_then_edits_with_reported_cost(repo: Pat
     first = calls(agents_env)[0]
     assert first["argv"][1:] == ["-p", "--output-format", "json", "--permission-mode", "acceptEdits",
                                  "--model", "claude-sonnet-4-6"]
-    assert first["cwd"] == str(repo / "runs" / "cl" / "worktree")
+    assert first["cwd"] == str(repo / "runs" / "cl" / "lanes" / "0a")  # pipelined by default
 
 
 def test_claude_hang_is_killed_at_the_timeout(repo: Path, agents_env: Path):

@@ -10,7 +10,6 @@ import random
 import re
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..gitgate import content_hash

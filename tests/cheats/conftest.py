@@ -6,8 +6,6 @@ and once with it on (the default: most cheats are refused before any training).
 """
 from __future__ import annotations
 
-import os
-import re
 import subprocess
 from pathlib import Path
 

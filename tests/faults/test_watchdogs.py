@@ -1,19 +1,17 @@
 """Trainers and researchers that misbehave: each fault injected for real, the night goes on."""
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 from pathlib import Path
 
-from harness import ledger, loop
+from harness import loop
 from harness.config import resolve
 
-from conftest import ScriptedResearcher, git, make_repo
+from conftest import ScriptedResearcher, git
 from fakes.helpers import harness, rows as ledger_rows
 from fakes.openai_server import Fail, ScriptedServer, lower_value
 
-from .conftest import agent_arg, alive, assert_recovered, candidates
+from .conftest import agent_arg, alive, assert_recovered
 
 
 def config(repo: Path, tag: str = "w", **overrides):

@@ -1,0 +1,173 @@
+"""Keep the GPU busy: choose between the classic loop and the lane scheduler, and set lanes up.
+
+`harness run` comes here. With one GPU and pipelining off it is the classic loop
+(loop.run: propose, then train, one after the other). Otherwise lanes.Scheduler runs one
+lane per GPU (--gpus), each proposing its next candidate while the current one trains
+(--pipeline). See docs/pipeline.md.
+
+Pipelining is on by default when it is safe: when the researcher cannot be slowed down by,
+or slow down, the training job it overlaps, and there is latency to hide. That is the
+remote researchers (openai on a non-local server, codex, claude). It is off for `mutate`
+(it answers at once: nothing to hide, and the classic loop keeps its seeded sequence),
+for `cmd:` researchers and for an openai server on this machine (either may be a local
+model on the training GPU, which would perturb a fixed-time training budget and share a
+GPU between two jobs). --pipeline / --no-pipeline override the default.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import time
+from typing import Any, Callable
+from urllib.parse import urlparse
+
+from . import ledger, loop, pricing
+from .agents import Researcher, make_researcher
+from .config import RunConfig
+from .errors import ConfigError
+from .gitgate import GitGate
+from .ledger import Row
+from .lanes import Guarded, Lane, Scheduler
+from .step import INTERRUPTED, Context
+
+Progress = Callable[[str, dict[str, Any]], None]
+REMOTE_AGENTS = ("openai", "codex", "claude")
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "0.0.0.0")
+
+
+def _quiet(event: str, data: dict[str, Any]) -> None:
+    pass
+
+
+def parse_gpus(gpus: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...]:
+    """'0,1,2,3' -> ('0', '1', '2', '3'); a GPU listed twice is refused (never two jobs on one GPU)."""
+    items = gpus.split(",") if isinstance(gpus, str) else list(gpus or ())
+    out = tuple(g.strip() for g in items if g.strip())
+    if len(set(out)) != len(out):
+        raise ConfigError(f"--gpus {gpus!r} lists a GPU twice; one lane per GPU, e.g. --gpus 0,1,2,3")
+    return out
+
+
+def pipeline_default(cfg: RunConfig) -> tuple[bool, str]:
+    """(on?, why) for a run that did not pass --pipeline or --no-pipeline."""
+    if cfg.agent == "mutate":
+        return False, "the mutate researcher answers at once: there is no latency to hide"
+    if cfg.agent.startswith("cmd:"):
+        return False, "a cmd: researcher may run a model on the training GPU; pass --pipeline if it does not"
+    if cfg.agent == "openai":
+        url = cfg.agent_options.get("base_url") or os.environ.get("OPENAI_BASE_URL") or ""
+        if (urlparse(url).hostname or "") in LOCAL_HOSTS:
+            return False, (f"the model server {url} is on this machine and may share the training GPU; "
+                           f"pass --pipeline if it does not")
+    if cfg.agent in REMOTE_AGENTS:
+        return True, f"the {cfg.agent} researcher runs off this machine's GPU"
+    return False, f"unknown researcher {cfg.agent!r}"
+
+
+def pipelined(cfg: RunConfig) -> bool:
+    return cfg.pipeline if cfg.pipeline is not None else pipeline_default(cfg)[0]
+
+
+# ---------------------------------------------------------------------------
+# Journals of the lanes' worktrees: what was in flight when the supervisor stopped
+
+
+def record_interrupted(cfg: RunConfig, agent: str) -> list[int]:
+    """Append an `interrupted` crash row for every lane journal whose commit has no row; clear them.
+
+    In iteration order, so two candidates in flight (one training, one proposed) keep their
+    order. A proposal that was never committed leaves nothing to record. The classic
+    journal (inflight.json) is left to loop.reconcile.
+    """
+    journals = sorted(cfg.run_dir.glob("inflight-*.json"))
+    if not journals:
+        return []
+    rows = ledger.read_rows(cfg.ledger_path)
+    seen = {r.get("iteration") for r in rows}
+    entries = []
+    for path in journals:
+        try:
+            entries.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            pass  # a torn journal: its write never finished, so nothing was committed after it
+    recorded = []
+    for data in sorted(entries, key=lambda d: d.get("iteration", 0)):
+        if not data.get("commit") or data.get("iteration") in seen:
+            continue
+        ledger.append(cfg.ledger_path, cfg.metric, Row(
+            commit=data["commit"], metric=None, status="crash", iteration=data["iteration"], arm=cfg.arm,
+            description=ledger.one_line(f"{data.get('description', '')} [{INTERRUPTED}]"),
+            agent=agent, model=pricing.resolve_model(cfg.model) or "", parent=data["parent"][:12],
+            started_at=data["started_at"], agent_s=data.get("agent_s"),
+            input_tokens=data.get("input_tokens"), cached_tokens=data.get("cached_tokens"),
+            output_tokens=data.get("output_tokens"), cost_usd=data.get("cost_usd"), lane=data.get("lane")))
+        seen.add(data["iteration"])
+        recorded.append(data["iteration"])
+    for path in journals:
+        path.unlink(missing_ok=True)
+    return recorded
+
+
+# ---------------------------------------------------------------------------
+# Running
+
+
+def make_lanes(main: Context, sched: Scheduler, gpus: tuple[str, ...], pipelined_: bool) -> list[Lane]:
+    """One lane per GPU (or one lane on the inherited GPU), each with its own detached worktrees."""
+    cfg, gate = main.cfg, GitGate(main.cfg.repo)
+    lanes = []
+    for i, gpu in enumerate(gpus or (cfg.gpu,)):
+        lane_cfg = dataclasses.replace(cfg, gpu=gpu)
+        slots = []
+        for s in "ab"[: 2 if pipelined_ else 1]:
+            wt = gate.detached_worktree(cfg.run_dir / "lanes" / f"{i}{s}", sched.state.best_commit)
+            slots.append(Context(lane_cfg, wt, Guarded(main.researcher, sched), main.program_text,
+                                 journal=f"inflight-{i}{s}.json"))
+        lanes.append(Lane(i, slots))
+    return lanes
+
+
+def run(cfg: RunConfig, resume: bool = False, progress: Progress = _quiet,
+        researcher: Researcher | None = None, max_steps: int | None = None) -> loop.Summary:
+    """`harness run` and `harness step`: the classic loop, or lanes with pipelining."""
+    gpus = parse_gpus(cfg.gpus)
+    researcher = researcher or make_researcher(cfg.agent, cfg.model, cfg.agent_options)
+    if resume and cfg.ledger_path.exists():
+        record_interrupted(cfg, researcher.name)
+    on = pipelined(cfg)
+    if max_steps is not None or (len(gpus) <= 1 and not on):
+        if gpus:
+            cfg = dataclasses.replace(cfg, gpu=gpus[0])
+        return loop.run(cfg, resume, progress, researcher, max_steps)
+    return run_lanes(cfg, gpus, on, resume, progress, researcher)
+
+
+def run_lanes(cfg: RunConfig, gpus: tuple[str, ...], pipelined_: bool, resume: bool, progress: Progress,
+              researcher: Researcher) -> loop.Summary:
+    start = time.monotonic()
+    deadline = start + cfg.hours * 3600 if cfg.hours else None
+    ctx = state = sched = None
+    stopped = "done"
+    try:
+        # The baseline trains on the first lane's GPU.
+        ctx, state = loop.open_run(dataclasses.replace(cfg, gpu=gpus[0]) if gpus else cfg,
+                                   resume, progress, researcher)
+        sched = Scheduler(ctx, state, [], pipelined_, progress, deadline, start)
+        sched.lanes = make_lanes(ctx, sched, gpus, pipelined_)
+        progress("start", {"best": state.best_value, "iteration": state.iteration,
+                           "lanes": len(sched.lanes), "pipeline": pipelined_})
+        stopped = sched.run()
+    except KeyboardInterrupt:
+        stopped = "interrupted (Ctrl-C); continue with --resume"
+        if ctx is not None:
+            old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not tear the cleanup
+            try:
+                if sched is not None:
+                    sched.shutdown()
+                record_interrupted(cfg, researcher.name)
+                state = loop.reconcile(ctx, state.baseline_commit if state else "") or state
+            finally:
+                signal.signal(signal.SIGINT, old)
+    return loop.summarize(cfg, state, stopped)

@@ -1,0 +1,175 @@
+"""Pipelining with the fake trainer, scripted researchers and real git: the next candidate is
+proposed while the current one trains, and is rebased (or thrown away, on a record) when the
+current one is kept. HEAD of the run branch is always the best; nothing is lost or doubled."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import ledger, pipeline
+from harness.agents import Proposal
+from harness.config import resolve
+
+from conftest import ScriptedResearcher, git, make_repo, set_globals
+
+KNOBS_TRAIN = (Path(__file__).parent / "knobs_train.py").read_text()
+
+
+def config(repo: Path, tag: str = "p", **overrides):
+    overrides.setdefault("baseline_runs", 1)
+    overrides.setdefault("gate", "strict")
+    overrides.setdefault("pipeline", True)
+    return resolve(repo, tag, overrides)
+
+
+def head_watch(cfg):
+    """A progress callback asserting, at every row, that the run branch's HEAD is the best."""
+    seen = []
+
+    def progress(event, data):
+        if event == "row":
+            best = ledger.best_row(ledger.read_rows(cfg.ledger_path))
+            head = git(cfg.repo, "rev-parse", cfg.branch)
+            assert head.startswith(best["commit"]), (head, best)
+            seen.append(data["row"].iteration)
+    return progress, seen
+
+
+def check_run(repo: Path, cfg) -> list[dict]:
+    """Invariants every run must keep; returns the ledger rows."""
+    rows = ledger.read_rows(cfg.ledger_path)
+    primary = [r for r in rows if r["status"] != "repeat"]
+    iterations = [r["iteration"] for r in primary]
+    assert len(iterations) == len(set(iterations)), iterations  # nothing doubled
+    kept = [r for r in rows if r["status"] == "keep"]
+    base = kept[0]["commit"]
+    branch = git(repo, "rev-list", "--reverse", f"{base}..{cfg.branch}").split()
+    assert [c[:12] for c in branch] == [r["commit"] for r in kept[1:]]  # the branch = the kept commits
+    for before, after in zip(kept, kept[1:]):  # each keep was evaluated on the best before it
+        assert after["parent"] == before["commit"]
+        assert after["best_before"] == pytest.approx(ledger.decided_value(before))
+    assert git(repo, "rev-parse", cfg.branch).startswith(kept[-1]["commit"])
+    assert git(cfg.worktree, "rev-parse", "HEAD").startswith(kept[-1]["commit"])
+    assert git(cfg.worktree, "status", "--porcelain") == ""
+    assert not list(cfg.run_dir.glob("inflight*.json"))
+    return rows
+
+
+def watching(step, seen: list):
+    """Wrap a scripted step: record how many ledger rows existed when it was proposed."""
+    def run(task):
+        seen.append(len(ledger.read_rows(task.log_path.parent.parent / "results.tsv")))
+        train = task.worktree / "train.py"
+        if callable(step):
+            return step(task)
+        train.write_text(set_globals(train.read_text(), **step))
+        return Proposal(", ".join(f"{k}={v}" for k, v in step.items()))
+    return run
+
+
+def test_discarded_then_next(repo: Path):
+    cfg = config(repo, iterations=2)
+    rows_at_call: list[int] = []
+    researcher = ScriptedResearcher([watching({"VALUE": 1.2, "SLEEP_S": 0.8}, rows_at_call),
+                                     watching({"VALUE": 0.9}, rows_at_call)])
+    progress, seen = head_watch(cfg)
+    summary = pipeline.run(cfg, progress=progress, researcher=researcher)
+    rows = check_run(repo, cfg)
+    assert [(r["iteration"], r["status"]) for r in rows] == [(0, "keep"), (1, "discard"), (2, "keep")]
+    assert rows_at_call == [1, 1]  # 2 was proposed while 1 was still training
+    assert "iteration 1 (VALUE=1.2, SLEEP_S=0.8) is still training" in researcher.calls[1].prompt
+    assert rows[2]["parent"] == rows[0]["commit"] == rows[1]["parent"]  # the right parent: 1 was discarded
+    assert "rebased" not in rows[2]["description"]
+    assert [r["lane"] for r in rows] == [None, 0, 0]
+    assert seen == [1, 2] and summary.best_value == pytest.approx(0.9)
+    assert researcher.calls[1].worktree != researcher.calls[0].worktree  # the second worktree
+
+
+def test_kept_then_rebase_applies(tmp_path: Path):
+    repo = make_repo(tmp_path / "r", KNOBS_TRAIN)
+    cfg = config(repo, iterations=2)
+    researcher = ScriptedResearcher([{"A": 0.1, "SLEEP_S": 0.8}, {"B": 0.2}])
+    progress, _ = head_watch(cfg)
+    pipeline.run(cfg, progress=progress, researcher=researcher)
+    rows = check_run(repo, cfg)
+    assert [(r["iteration"], r["status"]) for r in rows] == [(0, "keep"), (1, "keep"), (2, "keep")]
+    assert [r["metric"] for r in rows] == pytest.approx([1.0, 0.9, 0.7])
+    c1 = rows[1]["commit"]
+    assert rows[2]["parent"] == c1 and f"rebased onto {c1}" in rows[2]["description"]
+    assert rows[2]["best_before"] == pytest.approx(0.9)  # compared with the best at decision time
+    head = git(repo, "show", f"{cfg.branch}:train.py")
+    assert "A = 0.1" in head and "B = 0.2" in head
+    assert git(repo, "rev-parse", f"{cfg.branch}~1").startswith(c1)
+
+
+def test_kept_then_conflict_is_recorded_and_a_fresh_proposal_made(repo: Path):
+    cfg = config(repo, iterations=3)
+    researcher = ScriptedResearcher([{"VALUE": 0.9, "SLEEP_S": 0.8}, {"VALUE": 0.8}, {"VALUE": 0.85}])
+    progress, _ = head_watch(cfg)
+    pipeline.run(cfg, progress=progress, researcher=researcher)
+    rows = check_run(repo, cfg)
+    assert [(r["iteration"], r["status"]) for r in rows] == [(0, "keep"), (1, "keep"), (2, "invalid"), (3, "keep")]
+    base, c1 = rows[0]["commit"], rows[1]["commit"]
+    assert rows[2]["parent"] == base and rows[2]["train_s"] is None
+    assert f"conflicts with the new best {c1} after rebase: train.py" in rows[2]["description"]
+    assert rows[3]["parent"] == c1 and rows[3]["metric"] == pytest.approx(0.85)
+    assert len(researcher.calls) == 3 and "still training" not in researcher.calls[2].prompt
+
+
+def _edit(task, value):
+    train = task.worktree / "train.py"
+    train.write_text(set_globals(train.read_text(), VALUE=value))
+
+
+def interrupt_then_propose(task):
+    """Ctrl-C arrives while this proposal is still being written: it must not be committed."""
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(1.0)
+    _edit(task, 0.7)
+    return Proposal("late proposal")
+
+
+def propose_then_interrupt(task):
+    """The proposal is done (and committed, waiting for the GPU) when Ctrl-C arrives."""
+    _edit(task, 0.7)
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    return Proposal("waiting proposal")
+
+
+@pytest.mark.parametrize("second, recorded", [(interrupt_then_propose, [1]), (propose_then_interrupt, [1, 2])])
+def test_ctrl_c_with_a_proposal_in_flight_then_resume(repo: Path, second, recorded):
+    cfg = config(repo, iterations=4)
+    t0 = time.monotonic()
+    summary = pipeline.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9, "SLEEP_S": 4}, second]))
+    assert time.monotonic() - t0 < 3.5  # the training job was killed, not waited for
+    assert "interrupted" in summary.stopped
+    rows = check_run(repo, cfg)
+    base = rows[0]["commit"]
+    assert [r["iteration"] for r in rows[1:]] == recorded
+    assert all(r["status"] == "crash" and "interrupted" in r["description"] for r in rows[1:])
+    assert all(r["parent"] == base for r in rows[1:])
+    committed = {r["commit"] for r in rows}
+    for path in (cfg.run_dir / "lanes").iterdir():  # the late proposal was never committed
+        assert "late proposal" not in git(path, "log", "-1", "--format=%s")
+    assert len(committed) == len(rows)
+    # --resume goes on from there: the numbering continues, nothing is recorded twice.
+    summary = pipeline.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": 0.8}, {"VALUE": 0.95}, {"VALUE": 0.6}]))
+    rows = check_run(repo, cfg)
+    assert [r["iteration"] for r in rows] == list(range(5))
+    # 0.8 is kept; 0.95, proposed on the old best meanwhile, edits the same line: a recorded conflict.
+    assert [r["status"] for r in rows[len(recorded) + 1:]] == ["keep", "invalid", "keep"][: 4 - len(recorded)]
+    assert summary.best_value < 0.9
+
+
+def test_pipeline_default_is_on_for_remote_researchers_only(repo: Path):
+    on = {agent: pipeline.pipeline_default(resolve(repo, "d", {"agent": agent}))[0]
+          for agent in ("mutate", "openai", "codex", "claude", "cmd:echo {prompt_file}")}
+    assert on == {"mutate": False, "openai": True, "codex": True, "claude": True, "cmd:echo {prompt_file}": False}
+    local = resolve(repo, "d", {"agent": "openai", "agent_options": {"base_url": "http://127.0.0.1:8000/v1"}})
+    assert pipeline.pipeline_default(local)[0] is False
+    assert pipeline.pipelined(resolve(repo, "d", {"agent": "mutate", "pipeline": True}))
