@@ -11,6 +11,7 @@ running median. With `on_unhealthy = continue` the stops become events.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import statistics
@@ -18,6 +19,7 @@ from collections import Counter
 from typing import Any, Callable
 
 from . import events, ledger, ledgerguard
+from .gitgate import GitGate
 from .ledger import Row
 from .step import Context, RunState, evaluate, repeat_row
 
@@ -29,6 +31,7 @@ TOKEN_MIN_ROWS = 5  # rows before the median means anything
 DRIFT_Z = 3.0  # noise standard deviations a re-run of the best may move
 DRIFT_REL = 0.02  # relative tolerance when the noise is unknown
 HEALTH_SEED_OFFSET = 1000  # re-runs of the best use seeds no candidate uses
+REBASE_CONFLICT = "after rebase:"  # in the rows of proposals that conflict with a newer best
 
 
 def reason_of(description: str) -> str:
@@ -51,15 +54,21 @@ def diagnose(rows: list[dict[str, Any]]) -> str:
 
 
 def candidates(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in rows if (r.get("iteration") or 0) > 0 and r.get("status") not in ("repeat", "budget")]
+    """Rows that judge the researcher: not repeats, budget stops, or proposals another lane's keep
+    made stale (a rebase conflict is the scheduler's doing, not a broken rule)."""
+    return [r for r in rows if (r.get("iteration") or 0) > 0 and r.get("status") not in ("repeat", "budget")
+            and REBASE_CONFLICT not in (r.get("description") or "")]
 
 
 class Monitor:
     def __init__(self, ctx: Context, state: RunState, progress: Callable[[str, dict], None],
-                 events_from: int = 0):
+                 events_from: int = 0, lock: Any = None):
         self.ctx, self.state, self.progress = ctx, state, progress
         self.cfg = ctx.cfg
+        # Lanes append from several threads: the ledger is read and written under their lock.
+        self.lock = lock if lock is not None else contextlib.nullcontext()
         self.session_start = state.iteration
+        self.last_checkpoint = state.iteration
         self.offset = events_from
         rows = ledger.read_rows(self.cfg.ledger_path)
         self.tokens = [self._tokens(r) for r in candidates(rows) if r.get("agent_s") is not None]
@@ -90,22 +99,24 @@ class Monitor:
 
     def before_iteration(self) -> str | None:
         """None to go on, or why the run stops."""
-        ledgerguard.sync(self.cfg.ledger_path)
-        self.echo()
-        rows = ledger.read_rows(self.cfg.ledger_path)
+        with self.lock:
+            ledgerguard.sync(self.cfg.ledger_path)
+            self.echo()
+            rows = ledger.read_rows(self.cfg.ledger_path)
         session = [r for r in candidates(rows) if r["iteration"] > self.session_start]
         run = 0  # failures in a row at the end of this session
         while run < len(session) and session[-1 - run]["status"] in FAILED:
             run += 1
         if run and run % STREAK == 0 and -session[-1]["iteration"] not in self.checked:
-            self.checked.add(-session[-1]["iteration"])  # negative: streaks, positive: checkpoints
+            self.checked.add(-session[-1]["iteration"])  # a streak is reported once
             stop = self._unhealthy(f"{run} failures in a row ({diagnose(session[-run:])})")
             if stop:
                 return stop
+        # A checkpoint each time the iteration count crosses a multiple of n (lanes move it by more than 1).
         n, it = self.cfg.health_every, self.state.iteration
-        if not n or it == 0 or it % n or it <= self.session_start or it in self.checked:
+        if not n or it // n <= self.last_checkpoint // n:
             return None
-        self.checked.add(it)
+        self.last_checkpoint = it
         window = candidates(rows)[-n:]
         failed = [r for r in window if r["status"] in FAILED]
         self._check_best(rows, it)
@@ -132,10 +143,11 @@ class Monitor:
         best = ledger.best_row(rows)
         if best is None:
             return
-        self.ctx.wt.reset_hard(state.best_commit)
         seed = cfg.seed + HEALTH_SEED_OFFSET + it
         log = cfg.logs_dir / f"iter-{it:04d}-health.log"
-        result = evaluate(cfg, cfg.worktree, log, seed)
+        # A scratch worktree at the best: the run's worktrees may hold candidates meanwhile.
+        with GitGate(cfg.repo).scratch_worktree(state.best_commit) as worktree:
+            result = evaluate(cfg, worktree, log, seed)
         row = repeat_row(cfg, result, best.get("iteration") or 0, state.best_commit, seed, log,
                          self.ctx.researcher.name, cfg.model)
         recorded, value = state.best_value, result.value(cfg.metric)
@@ -155,5 +167,6 @@ class Monitor:
             else:
                 note = f"health check at iteration {it}: within the noise ({drift:+.6f}, +-{tol:.6f})"
         row.description = ledger.one_line(f"{row.description} [{note}]")
-        ledger.append(cfg.ledger_path, cfg.metric, row)
-        state.update_sigma(ledger.read_rows(cfg.ledger_path))
+        with self.lock:
+            ledger.append(cfg.ledger_path, cfg.metric, row)
+            state.update_sigma(ledger.read_rows(cfg.ledger_path))

@@ -20,7 +20,7 @@ from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import decide, ledger, loop, pricing, rebase
+from . import decide, health, ledger, loop, pricing, rebase
 from .agents import Proposal, Usage
 from .gitgate import content_hash
 from .ledger import Row
@@ -79,6 +79,7 @@ class Scheduler:
         self.walls: list[float] = [rows[0].get("wall_s") or 0.0] if rows else []
         self.threads: list[threading.Thread] = []
         self.proposals: list[threading.Thread] = []
+        self.monitor: health.Monitor | None = None  # health checkpoints, run by lane 0 between its jobs
 
     # --- shared state, under the lock --------------------------------------------------
 
@@ -129,6 +130,8 @@ class Scheduler:
             if len(rows) > 1:
                 self.state.update_sigma(ledger.read_rows(self.cfg.ledger_path))
             clear_journal(self.cfg, ctx.journal)
+            if self.monitor is not None:
+                self.monitor.after_row(rows[0])
             self.open.discard(rows[0].iteration)
             self.state.iteration = max(self.state.iteration, rows[0].iteration)
             self.walls.append(rows[0].wall_s or 0.0)
@@ -307,6 +310,11 @@ class Scheduler:
                     cand = self.judge(lane, ctx, cand)
             finally:
                 lane.training = False
+            if lane.index == 0 and self.monitor is not None:  # lane 0's GPU is free right now
+                stop = self.monitor.before_iteration()
+                if stop:
+                    with self.lock:
+                        self.stopped = self.stopped or stop
 
     def wait(self, future: Future) -> tuple[int, Candidate] | None:
         """A proposal's result; None at once on Ctrl-C (the proposal itself commits nothing then)."""

@@ -23,7 +23,7 @@ import time
 from typing import Any, Callable
 from urllib.parse import urlparse
 
-from . import ledger, loop, pricing
+from . import events, health, ledger, loop, pricing
 from .agents import Researcher, make_researcher
 from .config import RunConfig
 from .errors import ConfigError
@@ -150,12 +150,15 @@ def run_lanes(cfg: RunConfig, gpus: tuple[str, ...], pipelined_: bool, resume: b
     deadline = start + cfg.hours * 3600 if cfg.hours else None
     ctx = state = sched = None
     stopped = "done"
+    events_from = events.size(cfg.run_dir)
     try:
         # The baseline trains on the first lane's GPU.
         ctx, state = loop.open_run(dataclasses.replace(cfg, gpu=gpus[0]) if gpus else cfg,
                                    resume, progress, researcher)
         sched = Scheduler(ctx, state, [], pipelined_, progress, deadline, start)
         sched.lanes = make_lanes(ctx, sched, gpus, pipelined_)
+        lane0 = dataclasses.replace(ctx, cfg=sched.lanes[0].slots[0].cfg)  # its GPU trains the health re-runs
+        sched.monitor = health.Monitor(lane0, state, sched.progress, events_from, lock=sched.lock)
         progress("start", {"best": state.best_value, "iteration": state.iteration,
                            "lanes": len(sched.lanes), "pipeline": pipelined_})
         stopped = sched.run()

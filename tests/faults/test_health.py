@@ -79,3 +79,19 @@ def test_a_token_spike_is_warned(repo: Path):
     loop.run(cfg, researcher=ScriptedResearcher([spend(t) for t in (100, 110, 90, 100, 105, 1000, 100)]))
     events = [json.loads(line) for line in (cfg.run_dir / "events.log").read_text().splitlines()]
     assert [e["iteration"] for e in events if e["kind"] == "tokens"] == [6]
+
+
+def test_health_checks_run_under_pipelining_and_lanes(repo: Path):
+    """The scheduler for pipelined runs and GPU lanes re-trains the best and stops on a failure streak too."""
+    from harness import pipeline
+
+    cfg = config(repo, "lanes", health_every=3, iterations=20, gpus=("0", "1"), pipeline=True)
+    script = [{"VALUE": 0.9}] + [{"MODE": "crash", "VALUE": round(0.5 + i / 100, 2)} for i in range(19)]
+    summary = pipeline.run(cfg, researcher=ScriptedResearcher(script))
+    assert summary.stopped.startswith("unhealthy: "), summary.stopped
+    assert "crash" in summary.stopped and "CUDA out of memory" in summary.stopped
+    rows = ledger.read_rows(cfg.ledger_path)
+    health = [r for r in rows if r["status"] == "repeat" and "health check" in r["description"]]
+    assert health and health[0]["metric"] in (0.9, 1.0)  # the best at that moment, trained again
+    assert max(r["iteration"] for r in rows) < 20  # stopped well before the cap
+    assert "unhealthy" in kinds(cfg)
