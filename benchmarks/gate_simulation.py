@@ -15,14 +15,11 @@ import argparse
 import os
 import random
 import re
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from common import ROOT, make_repo  # noqa: E402  (puts the repo root on sys.path)
 
 from harness import ledger, loop  # noqa: E402
 from harness.agents import Proposal  # noqa: E402
@@ -70,20 +67,8 @@ class KnownEffectResearcher:
         return Proposal(f"proposal {i} (true effect {self.effects[i]:+.4f})")
 
 
-def make_repo(root: Path) -> Path:
-    root.mkdir(parents=True)
-    (root / "train.py").write_text((ROOT / "tests" / "fake_train.py").read_text())
-    (root / "prepare.py").write_text("# protected\n")
-    (root / "program.md").write_text("{{BEST}}\n")
-    (root / "harness.toml").write_text(f'train_command = "{sys.executable} train.py"\ntime_budget = 1\n')
-    for argv in (["git", "init", "-q"], ["git", "add", "-A"],
-                 ["git", "-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qm", "init"]):
-        subprocess.run(argv, cwd=root, check=True)
-    return root
-
-
 def simulate(gate: str, proposals: list[float], noise: float, tmp: Path) -> dict:
-    repo = make_repo(tmp / gate)
+    repo = make_repo(tmp / gate, (ROOT / "tests" / "fake_train.py").read_text())
     os.environ["FAKE_NOISE"] = str(noise)
     os.environ["FAKE_COUNTER"] = str(tmp / f"{gate}.counter")
     cfg = resolve(repo, gate, {"gate": gate, "iterations": len(proposals),

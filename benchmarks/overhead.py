@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from common import make_repo  # noqa: E402  (puts the repo root on sys.path)
 
 from harness import ledger, loop  # noqa: E402
 from harness.agents import Proposal  # noqa: E402
@@ -39,29 +37,17 @@ class InstantResearcher:
         return Proposal(f"VALUE {value}")
 
 
-def make_repo(root: Path) -> Path:
-    root.mkdir()
-    (root / "train.py").write_text(TRAIN)
-    (root / "prepare.py").write_text("# protected\n")
-    (root / "program.md").write_text("{{BEST}}\n{{RESULTS}}\n{{LAST_FAILURE}}\n")
-    (root / "harness.toml").write_text(f'train_command = "{sys.executable} -S train.py"\ntime_budget = 1\n')
-    for argv in (["git", "init", "-q"], ["git", "add", "-A"],
-                 ["git", "-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qm", "init"]):
-        subprocess.run(argv, cwd=root, check=True)
-    return root
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=100)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        repo = make_repo(Path(tmp) / "repo")
+        repo = make_repo(Path(tmp) / "repo", TRAIN)
         cfg = resolve(repo, "bench", {"iterations": args.iterations})
         t0 = time.monotonic()
         loop.run(cfg, researcher=InstantResearcher())
         total = time.monotonic() - t0
-        rows = ledger.read_rows(cfg.ledger_path)[1:]
+        rows = [r for r in ledger.read_rows(cfg.ledger_path) if r["iteration"] and r["status"] != "repeat"]
     overhead = [r["wall_s"] - (r["agent_s"] or 0) - (r["train_s"] or 0) for r in rows]
     first, last = statistics.mean(overhead[:10]), statistics.mean(overhead[-10:])
     train = statistics.mean(r["train_s"] or 0 for r in rows)

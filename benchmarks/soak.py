@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness import ledger, loop  # noqa: E402
 from harness.config import resolve  # noqa: E402
 
-from overhead import InstantResearcher, make_repo  # noqa: E402
+from overhead import TRAIN, InstantResearcher, make_repo  # noqa: E402
 
 WINDOW = 50  # iterations averaged at each end
 
@@ -50,13 +50,13 @@ def main() -> None:
             samples[data["row"].iteration] = (open_fds(), rss_mb())
 
     with tempfile.TemporaryDirectory() as tmp:
-        repo = make_repo(Path(tmp) / "repo")
+        repo = make_repo(Path(tmp) / "repo", TRAIN)
         cfg = resolve(repo, "soak", {"iterations": args.iterations, "baseline_runs": 1,
                                      "on_unhealthy": "continue"})
         t0 = time.monotonic()
         summary = loop.run(cfg, researcher=InstantResearcher(), progress=progress)
         total = time.monotonic() - t0
-        rows = [r for r in ledger.read_rows(cfg.ledger_path)[1:] if r["status"] != "repeat"]
+        rows = [r for r in ledger.read_rows(cfg.ledger_path) if r["iteration"] and r["status"] != "repeat"]
     overhead = {r["iteration"]: r["wall_s"] - (r["agent_s"] or 0) - (r["train_s"] or 0) for r in rows}
     its = sorted(overhead)
     first, last = its[:WINDOW], its[-WINDOW:]

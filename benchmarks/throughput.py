@@ -14,13 +14,11 @@ Pipelined duty should stay above 95% whenever L < B; lanes should scale nearly l
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from common import make_repo  # noqa: E402  (puts the repo root on sys.path)
 
 from harness import ledger, pipeline  # noqa: E402
 from harness.agents import Proposal  # noqa: E402
@@ -63,22 +61,10 @@ class SleepyResearcher:
         return Proposal(f"iteration {i}")
 
 
-def make_repo(root: Path, budget_s: float) -> Path:
-    root.mkdir()
-    (root / "train.py").write_text(TRAIN.format(budget=budget_s))
-    (root / "prepare.py").write_text("# protected\n")
-    (root / "program.md").write_text("{{BEST}}\n{{RESULTS}}\n{{LAST_FAILURE}}\n")
-    (root / "harness.toml").write_text(f'train_command = "{sys.executable} -S train.py"\ntime_budget = {budget_s}\n'
-                                       f'gate = "strict"\nbaseline_runs = 1\n')
-    for argv in (["git", "init", "-q"], ["git", "add", "-A"],
-                 ["git", "-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qm", "init"]):
-        subprocess.run(argv, cwd=root, check=True)
-    return root
-
-
 def measure(root: Path, name: str, budget_s: float, latency_s: float, iterations: int,
             pipelined: bool, lanes: int) -> dict:
-    repo = make_repo(root / "".join(c if c.isalnum() else "-" for c in name), budget_s)
+    repo = make_repo(root / "".join(c if c.isalnum() else "-" for c in name), TRAIN.format(budget=budget_s),
+                     f'time_budget = {budget_s}\ngate = "strict"\nbaseline_runs = 1\n')
     gpus = tuple(str(g) for g in range(lanes)) if lanes > 1 else ()
     cfg = resolve(repo, "bench", {"iterations": iterations, "pipeline": pipelined, "gpus": gpus})
     started: list[float] = []

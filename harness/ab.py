@@ -22,9 +22,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import ledger, loop, pricing, report
+from .loop import Progress, no_progress
 from .agents import Researcher, make_researcher
 from .config import RunConfig, resolve
 from .errors import ConfigError, RepoError
@@ -36,11 +37,7 @@ SCHEDULES = ("interleave", "sequential", "parallel")
 ARMS = ("a", "b")
 JOIN_POLL_S = 0.5  # s between checks of the parallel arms' threads (lets Ctrl-C through)
 
-Progress = Callable[[str, dict[str, Any]], None]
 
-
-def _quiet(event: str, data: dict[str, Any]) -> None:
-    pass
 
 
 @dataclass
@@ -271,7 +268,7 @@ def run_parallel(arms: list[Arm], resume: bool, progress: Progress, start: float
 
 def run_ab(repo: Path, tag: str, arms: dict[str, tuple[str | None, str | None]],
            schedule: str | None = None, gpus: str | None = None, resume: bool = False,
-           overrides: dict[str, Any] | None = None, progress: Progress = _quiet,
+           overrides: dict[str, Any] | None = None, progress: Progress = no_progress,
            researchers: dict[str, Researcher] | None = None, write_report: bool = True) -> ABResult:
     """Run arm A and arm B (agent, model) from the same baseline commit, then write the report.
 

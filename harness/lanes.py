@@ -18,15 +18,15 @@ import threading
 import time
 from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from . import decide, health, ledger, loop, pricing, rebase
+from .loop import Progress
 from .agents import Proposal, Usage
-from .gitgate import content_hash
 from .ledger import Row
-from .step import (Candidate, Context, RunState, clear_journal, measure, now_iso, prepare_candidate, write_journal)
+from .step import (Candidate, Context, RunState, clear_journal, commit_candidate, measure, now_iso,
+                   prepare_candidate, write_journal)
 
-Progress = Callable[[str, dict[str, Any]], None]
 PROPOSAL_GRACE_S = 5.0  # s to wait on Ctrl-C for proposal threads to finish (a commit in progress)
 JOIN_POLL_S = 0.2  # s between checks of the lane threads (lets Ctrl-C through)
 
@@ -210,18 +210,7 @@ class Scheduler:
         if not [c for c in ctx.wt.changes() if "__pycache__/" not in c.path]:
             new.outcome = new.row(ctx, "skip", f"{new.description} [its change is already in the best]")
             return new
-        digest = content_hash(ctx.wt.path, cfg.editable)
-        if digest in self.state.tried:
-            ctx.wt.reset_hard(onto)
-            new.outcome = new.row(ctx, "skip", f"{new.description} [already evaluated in this run]")
-            return new
-        self.state.tried.add(digest)
-        with open(cfg.run_dir / "tried.txt", "a") as f:
-            f.write(digest + "\n")
-        message = (f"{ledger.one_line(new.description, 200)}\n\nHarness-Run: {cfg.tag}\n"
-                   f"Harness-Iteration: {iteration}\nHarness-Agent: {ctx.researcher.name}\n"
-                   f"Harness-Model: {new.model or '-'}\nHarness-Rebased-From: {cand.commit}\n")
-        new.commit = ctx.wt.commit(cfg.editable, message)
+        commit_candidate(ctx, self.state, new, trailers=f"Harness-Rebased-From: {cand.commit}\n")
         return new
 
     def refresh(self, lane: Lane, ctx: Context, cand: Candidate) -> Candidate | None:

@@ -29,7 +29,7 @@ from .step import (INTERRUPTED, Context, RunState, clear_journal, evaluate, jour
 Progress = Callable[[str, dict[str, Any]], None]
 
 
-def _quiet(event: str, data: dict[str, Any]) -> None:
+def no_progress(event: str, data: dict[str, Any]) -> None:
     pass
 
 
@@ -194,7 +194,7 @@ def reconcile(ctx: Context, base: str) -> RunState | None:
     return state
 
 
-def open_run(cfg: RunConfig, resume: bool, progress: Progress = _quiet,
+def open_run(cfg: RunConfig, resume: bool, progress: Progress = no_progress,
              researcher: Researcher | None = None) -> tuple[Context, RunState]:
     """Refuse, create or re-attach the run's worktree, and measure the baseline if needed."""
     gate = GitGate(cfg.repo)
@@ -271,7 +271,7 @@ def budget_reason(cfg: RunConfig, rows: list[dict[str, Any]], in_flight: int = 0
     return None
 
 
-def run(cfg: RunConfig, resume: bool = False, progress: Progress = _quiet,
+def run(cfg: RunConfig, resume: bool = False, progress: Progress = no_progress,
         researcher: Researcher | None = None, max_steps: int | None = None) -> Summary:
     """Run iterations until --hours, --iterations, a budget cap, or Ctrl-C.
 

@@ -20,10 +20,10 @@ import json
 import os
 import signal
 import time
-from typing import Any, Callable
 from urllib.parse import urlparse
 
 from . import events, health, ledger, loop, pricing
+from .loop import Progress, no_progress
 from .agents import Researcher, make_researcher
 from .config import RunConfig
 from .errors import ConfigError
@@ -32,13 +32,9 @@ from .ledger import Row
 from .lanes import Guarded, Lane, Scheduler
 from .step import INTERRUPTED, Context
 
-Progress = Callable[[str, dict[str, Any]], None]
 REMOTE_AGENTS = ("openai", "codex", "claude")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "0.0.0.0")
 
-
-def _quiet(event: str, data: dict[str, Any]) -> None:
-    pass
 
 
 def parse_gpus(gpus: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...]:
@@ -129,7 +125,7 @@ def make_lanes(main: Context, sched: Scheduler, gpus: tuple[str, ...], pipelined
     return lanes
 
 
-def run(cfg: RunConfig, resume: bool = False, progress: Progress = _quiet,
+def run(cfg: RunConfig, resume: bool = False, progress: Progress = no_progress,
         researcher: Researcher | None = None, max_steps: int | None = None) -> loop.Summary:
     """`harness run` and `harness step`: the classic loop, or lanes with pipelining."""
     gpus = parse_gpus(cfg.gpus)

@@ -241,22 +241,31 @@ def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str
         ctx.wt.reset_hard(parent)
         cand.outcome = cand.row(ctx, "invalid", f"{cand.description} [invalid: {reason}]")
         return cand
-    digest = content_hash(ctx.wt.path, cfg.editable)
-    if digest in state.tried:
-        ctx.wt.reset_hard(parent)
-        cand.outcome = cand.row(ctx, "skip", f"{cand.description} [already evaluated in this run]")
+    if not commit_candidate(ctx, state, cand):
         return cand
-    state.tried.add(digest)
-    with open(cfg.run_dir / "tried.txt", "a") as f:
-        f.write(digest + "\n")
-    message = (f"{ledger.one_line(cand.description, 200)}\n\nHarness-Run: {cfg.tag}\n"
-               f"Harness-Iteration: {iteration}\nHarness-Agent: {ctx.researcher.name}\n"
-               f"Harness-Model: {model or '-'}\n")
-    cand.commit = ctx.wt.commit(cfg.editable, message)
     write_journal(cfg, {"iteration": iteration, "parent": parent, "started_at": started_at,
                         "phase": "train", "commit": cand.commit, "description": cand.description}, ctx.journal)
     faults.point("after_commit")
     return cand
+
+
+def commit_candidate(ctx: Context, state: RunState, cand: Candidate, trailers: str = "") -> bool:
+    """Commit the worktree's change as cand, or, when identical code was evaluated before in this
+    run, reset to cand.parent and make cand a `skip` (False)."""
+    cfg = ctx.cfg
+    digest = content_hash(ctx.wt.path, cfg.editable)
+    if digest in state.tried:
+        ctx.wt.reset_hard(cand.parent)
+        cand.outcome = cand.row(ctx, "skip", f"{cand.description} [already evaluated in this run]")
+        return False
+    state.tried.add(digest)
+    with open(cfg.run_dir / "tried.txt", "a") as f:
+        f.write(digest + "\n")
+    message = (f"{ledger.one_line(cand.description, 200)}\n\nHarness-Run: {cfg.tag}\n"
+               f"Harness-Iteration: {cand.iteration}\nHarness-Agent: {ctx.researcher.name}\n"
+               f"Harness-Model: {cand.model or '-'}\n{trailers}")
+    cand.commit = ctx.wt.commit(cfg.editable, message)
+    return True
 
 
 def judge_candidate(ctx: Context, state: RunState, cand: Candidate) -> Row:
