@@ -215,6 +215,7 @@ def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str
     started_at, t0 = now_iso(), time.monotonic()
     write_journal(cfg, {"iteration": iteration, "parent": parent, "started_at": started_at,
                         "phase": "propose"}, ctx.journal)
+    ctx.wt.reset_hard(parent)  # a lane's detached worktree may still be at its previous candidate
     before = guard.snapshot(ctx.wt, cfg.branch)
     proposal = propose(ctx, state, iteration, parent, note)
     faults.point("after_propose")

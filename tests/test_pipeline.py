@@ -173,3 +173,13 @@ def test_pipeline_default_is_on_for_remote_researchers_only(repo: Path):
     local = resolve(repo, "d", {"agent": "openai", "agent_options": {"base_url": "http://127.0.0.1:8000/v1"}})
     assert pipeline.pipeline_default(local)[0] is False
     assert pipeline.pipelined(resolve(repo, "d", {"agent": "mutate", "pipeline": True}))
+
+
+def test_slot_worktrees_coming_back_to_a_newer_parent_are_not_mistaken_for_cheats(repo: Path):
+    """Each slot's detached worktree is still at its previous candidate when its next proposal
+    starts: going back to the parent is the harness's move, never the researcher's."""
+    cfg = config(repo, iterations=6)
+    script = [{"VALUE": round(1.0 + i / 100, 2), "SLEEP_S": 0.2} for i in range(1, 7)]
+    pipeline.run(cfg, researcher=ScriptedResearcher(script))
+    rows = check_run(repo, cfg)
+    assert [r["status"] for r in rows] == ["keep"] + ["discard"] * 6, [r["description"] for r in rows]
