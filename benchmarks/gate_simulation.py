@@ -67,12 +67,13 @@ class KnownEffectResearcher:
         return Proposal(f"proposal {i} (true effect {self.effects[i]:+.4f})")
 
 
-def simulate(gate: str, proposals: list[float], noise: float, tmp: Path) -> dict:
+def simulate(gate: str, proposals: list[float], noise: float, tmp: Path, noise_options: dict | None = None) -> dict:
     repo = make_repo(tmp / gate, (ROOT / "tests" / "fake_train.py").read_text())
     os.environ["FAKE_NOISE"] = str(noise)
     os.environ["FAKE_COUNTER"] = str(tmp / f"{gate}.counter")
     cfg = resolve(repo, gate, {"gate": gate, "iterations": len(proposals),
-                               "baseline_runs": 1 if gate == "strict" else 2})  # noise: the defaults
+                               "baseline_runs": 1 if gate == "strict" else None,
+                               **((noise_options or {}) if gate == "noise" else {})})
     t0 = time.monotonic()
     loop.run(cfg, researcher=KnownEffectResearcher(proposals))
     rows = ledger.read_rows(cfg.ledger_path)
@@ -100,14 +101,17 @@ def main() -> None:
     parser.add_argument("--zero", type=float, default=0.55, help="share of proposals with no effect")
     parser.add_argument("--real", type=float, default=0.05, help="share of real improvements (2 to 8 sd)")
     parser.add_argument("--harm-sd", type=float, default=3.0, help="the rest harm by 0 to this many sd")
+    parser.add_argument("--confirm", type=int, default=None, help="noise gate: confirmation runs (default: the run default)")
+    parser.add_argument("--baseline-runs", type=int, default=None, help="noise gate: baseline runs (default: the run default)")
     args = parser.parse_args()
+    noise_options = {"confirm": args.confirm, "baseline_runs": args.baseline_runs}
     totals: dict[str, dict[str, float]] = {"strict": {}, "noise": {}}
     print(f"{args.proposals} proposals per world, noise sd {args.noise}, true baseline {BASE_QUALITY}")
     for seed in range(args.seeds):
         proposals = [e * args.noise for e in effects(args.proposals, seed, args.zero, args.real, args.harm_sd)]
         with tempfile.TemporaryDirectory() as tmp:
             for gate in ("strict", "noise"):
-                r = simulate(gate, proposals, args.noise, Path(tmp))
+                r = simulate(gate, proposals, args.noise, Path(tmp), noise_options)
                 print(f"  world {seed} {gate:6}: keeps {r['keeps']:3d}  false keeps {r['false_keeps']:3d}  "
                       f"missed real {r['missed_real']}/{r['real']}  true final {r['true_final']:.4f}  "
                       f"runs {r['runs']}  true gain/GPU-h {r['gain_per_gpu_h']:.5f}")

@@ -41,7 +41,7 @@ WORKLOAD_DEFAULTS: dict[str, Any] = {
     "seed": 42,
     "gate": "noise",  # strict: any improvement; noise: beyond the measured noise floor
     "baseline_runs": 2,  # baseline trainings; their spread is the first noise estimate
-    "confirm": 2,  # extra runs (other seeds) that confirm a win before it is kept
+    "confirm": 1,  # extra runs (other seeds) that confirm a win before it is kept
     "min_delta": 0.0,  # smallest improvement worth keeping, metric units
     "z": 2.0,  # standard errors an improvement must exceed under the noise gate
     "sealed": None,  # metric only from prepare.py's sealed result; None = when a protected file can seal
