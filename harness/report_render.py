@@ -99,26 +99,17 @@ def plots(summary: dict[str, Any], arms, series: dict[str, dict[str, list]]) -> 
 # Formatting: None is "unknown", never 0
 
 
+FORMATS = {"int": "{:,}", "rate": "{:.1%}", "pct": "{:+.2f}%", "usd": "${:.4f}", "s": "{:.1f}",
+           "tokens": "{:,.0f}", "signed": "{:+.6g}", "num": "{:.6g}"}
+
+
 def fmt(value: Any, kind: str = "num") -> str:
+    """A figure for the report; None is shown as unknown, never as zero."""
     if value is None:
         return "unknown"
     if kind == "text":
         return str(value)
-    if kind == "int":
-        return f"{value:,}"
-    if kind == "rate":
-        return f"{value:.1%}"
-    if kind == "pct":
-        return f"{value:+.2f}%"
-    if kind == "usd":
-        return f"${value:.4f}"
-    if kind == "s":
-        return f"{value:.1f}"
-    if kind == "tokens":
-        return f"{value:,.0f}"
-    if kind == "signed":
-        return f"{value:+.6g}"
-    return f"{value:.6g}"
+    return FORMATS[kind].format(value)
 
 
 def _na(f: dict[str, Any], key: str) -> str | None:
