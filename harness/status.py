@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import ledger
+from . import events, ledger
 from .errors import HarnessError
 
 
@@ -20,7 +20,7 @@ def find_ledger(repo: Path, tag: str | None) -> Path:
     return found[-1]
 
 
-def render_text(path: Path, last: int = 10) -> str:
+def render_text(path: Path, last: int = 10, last_events: int = 3) -> str:
     rows = ledger.read_rows(path)
     metric = ledger.metric_name(path) or "metric"
     if not rows:
@@ -49,6 +49,11 @@ def render_text(path: Path, last: int = 10) -> str:
         lines.append(f"{r.get('iteration') if r.get('iteration') is not None else '':>4}  "
                      f"{(r.get('commit') or ''):12}  {fmt(r.get('metric')):>10}  "
                      f"{r.get('status', ''):8}  {(r.get('description') or '')[:90]}")
+    happened, _ = events.read(path.parent)
+    if happened:  # repairs, restores, health warnings and stops
+        lines += ["", f"events: {len(happened)} (runs/{path.parent.name}/events.log); the latest:"]
+        lines += [f"  {e.get('at', '')}  {e.get('kind', '')}: {str(e.get('message', ''))[:110]}"
+                  for e in happened[-last_events:]]
     return "\n".join(lines)
 
 

@@ -31,6 +31,11 @@ def test_a_failure_rate_over_30_percent_stops_at_the_checkpoint_naming_the_cause
     health = [r for r in rows if r["status"] == "repeat"]
     assert len(health) == 1 and "health check at iteration 4: within the noise" in health[0]["description"]
     assert health[0]["candidate"] == 1 and health[0]["metric"] == 0.9  # the best, trained again
+    # `harness status` shows the stop among the latest events
+    from click.testing import CliRunner
+    from harness.cli import main
+    out = CliRunner().invoke(main, ["status", "rate", "--repo", str(repo)], catch_exceptions=False).output
+    assert "events: 1" in out and "unhealthy: 2 of the last 4 iterations failed" in out
     # --on-unhealthy continue goes on, with the event on record
     cont = config(repo, "cont", health_every=4, iterations=6, on_unhealthy="continue")
     summary = loop.run(cont, researcher=ScriptedResearcher(script))
