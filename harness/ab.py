@@ -24,13 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import ledger, loop, pricing, report
+from . import events, health, ledger, loop, pricing, report
 from .loop import Progress, no_progress
 from .agents import Researcher, make_researcher
 from .config import RunConfig, resolve
 from .errors import ConfigError, RepoError
 from .gitgate import GitGate
-from .ledger import Row
 from .step import Context, RunState, now_iso, run_step
 
 SCHEDULES = ("interleave", "sequential", "parallel")
@@ -49,6 +48,7 @@ class Arm:
     state: RunState | None = None
     stopped: str = ""
     error: BaseException | None = None
+    monitor: health.Monitor | None = None  # health checkpoints, as in `harness run`
 
 
 @dataclass
@@ -157,6 +157,8 @@ def open_arm(arm: Arm, resume: bool, progress: Progress, git_lock: threading.Loc
     finally:
         if not released:
             git_lock.release()
+    arm.monitor = health.Monitor(arm.ctx, arm.state, lambda e, d: progress(e, {**d, "arm": arm.name}),
+                                 events.size(arm.cfg.run_dir))
     progress("start", {"arm": arm.name, "best": arm.state.best_value, "iteration": arm.state.iteration})
 
 
@@ -173,13 +175,7 @@ def stop_reason(arm: Arm) -> str | None:
         spent_s, estimate_s = sum(walls), max(walls[-5:] or [0.0])
         if spent_s + estimate_s > cfg.hours * 3600:
             return f"reached --hours {cfg.hours:g} (the next iteration would not finish in time)"
-    reason = loop.budget_reason(cfg, rows)
-    if reason:
-        ledger.append(cfg.ledger_path, cfg.metric, Row(
-            commit=state.best_commit, metric=None, status="budget", iteration=state.iteration + 1,
-            arm=cfg.arm, description=f"stopped: {reason}", agent=arm.ctx.researcher.name,
-            model=pricing.resolve_model(cfg.model) or "", started_at=now_iso()))
-    return reason
+    return arm.monitor.before_iteration() or loop.stop_for_budget(arm.ctx, state, rows, state.iteration + 1)
 
 
 def step_arm(arm: Arm, progress: Progress, start: float) -> bool:
@@ -191,6 +187,7 @@ def step_arm(arm: Arm, progress: Progress, start: float) -> bool:
     progress("iteration", {"arm": arm.name, "iteration": arm.state.iteration + 1,
                            "elapsed_s": time.monotonic() - start})
     row = run_step(arm.ctx, arm.state)
+    arm.monitor.after_row(row)
     progress("row", {"arm": arm.name, "row": row, "best": arm.state.best_value,
                      "elapsed_s": time.monotonic() - start, "eta_s": None})
     return True

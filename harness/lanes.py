@@ -20,7 +20,7 @@ from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
-from . import decide, health, ledger, loop, pricing, rebase
+from . import decide, health, ledger, loop, rebase
 from .loop import Progress
 from .agents import Proposal, Usage
 from .ledger import Row
@@ -101,13 +101,10 @@ class Scheduler:
                 if time.monotonic() + estimate > self.deadline:
                     self.stopped = f"reached --hours {cfg.hours:g} (the next iteration would not finish in time)"
                     return None
-            reason = loop.budget_reason(cfg, ledger.read_rows(cfg.ledger_path), in_flight=len(self.open))
+            reason = loop.stop_for_budget(self.main, self.state, ledger.read_rows(cfg.ledger_path),
+                                          self.issued + 1, in_flight=len(self.open))
             if reason:
                 self.issued += 1
-                ledger.append(cfg.ledger_path, cfg.metric, Row(
-                    commit=self.state.best_commit, metric=None, status="budget", iteration=self.issued,
-                    arm=cfg.arm, description=f"stopped: {reason}", agent=self.main.researcher.name,
-                    model=pricing.resolve_model(cfg.model) or "", started_at=now_iso()))
                 self.stopped = reason
                 return None
             self.issued += 1

@@ -271,6 +271,19 @@ def budget_reason(cfg: RunConfig, rows: list[dict[str, Any]], in_flight: int = 0
     return None
 
 
+def stop_for_budget(ctx: Context, state: RunState, rows: list[dict[str, Any]], iteration: int,
+                    in_flight: int = 0) -> str | None:
+    """When the next iteration would pass --max-tokens/--max-cost: the final `budget` row, and why."""
+    cfg = ctx.cfg
+    reason = budget_reason(cfg, rows, in_flight=in_flight)
+    if reason:
+        ledger.append(cfg.ledger_path, cfg.metric, Row(
+            commit=state.best_commit, metric=None, status="budget", iteration=iteration, arm=cfg.arm,
+            description=f"stopped: {reason}", agent=ctx.researcher.name,
+            model=pricing.resolve_model(cfg.model) or "", started_at=now_iso()))
+    return reason
+
+
 def run(cfg: RunConfig, resume: bool = False, progress: Progress = no_progress,
         researcher: Researcher | None = None, max_steps: int | None = None) -> Summary:
     """Run iterations until --hours, --iterations, a budget cap, or Ctrl-C.
@@ -306,12 +319,8 @@ def run(cfg: RunConfig, resume: bool = False, progress: Progress = no_progress,
                 if time.monotonic() + estimate > deadline:
                     stopped = f"reached --hours {cfg.hours:g} (the next iteration would not finish in time)"
                     break
-            reason = budget_reason(cfg, rows)
+            reason = stop_for_budget(ctx, state, rows, state.iteration + 1)
             if reason:
-                ledger.append(cfg.ledger_path, cfg.metric, Row(
-                    commit=state.best_commit, metric=None, status="budget", iteration=state.iteration + 1, arm=cfg.arm,
-                    description=f"stopped: {reason}", agent=ctx.researcher.name,
-                    model=pricing.resolve_model(cfg.model) or "", started_at=now_iso()))
                 stopped = reason
                 break
             progress("iteration", {"iteration": state.iteration + 1, "elapsed_s": time.monotonic() - start})

@@ -242,3 +242,16 @@ def test_refusals(repo: Path):
     (repo / "train.py").write_text("VALUE = 2.0\n")
     with pytest.raises(RepoError, match="uncommitted"):
         ab.run_ab(repo, "x", {})
+
+
+def test_an_arm_that_keeps_failing_stops_unhealthy_while_the_other_goes_on(repo: Path):
+    """Health checkpoints watch each arm as they watch `harness run`."""
+    order: list[str] = []
+    crashing = ScriptedResearcher([RuntimeError(f"researcher bug {i}") for i in range(8)])
+    result = ab.run_ab(repo, "hl", {"a": (None, None), "b": (None, None)}, overrides={"iterations": 8},
+                       researchers={"a": researcher(GOOD + [0.55, 0.54, 0.53, 0.52, 0.51], order, "a"),
+                                    "b": crashing}, write_report=False)
+    assert result.summaries["b"].stopped.startswith("unhealthy: 5 failures in a row")
+    assert result.summaries["a"].stopped == "reached --iterations 8"
+    rows_b = primary(ledger.read_rows(repo / "runs/hl/b/results.tsv"))
+    assert [r["status"] for r in rows_b] == ["keep"] + ["crash"] * 5
