@@ -7,6 +7,7 @@ trains or judges: the step does.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -68,6 +69,18 @@ class Researcher(Protocol):
 def key_fingerprint(key: str | None) -> str | None:
     """A short, one-way fingerprint of a key for the manifest: the key itself is never stored."""
     return hashlib.sha256(key.encode()).hexdigest()[:8] if key else None
+
+
+def json_object(text: str) -> dict[str, Any] | None:
+    """text as a JSON object, or None when it is not one (agent output mixes JSON and prose)."""
+    text = text.strip()
+    if not text.startswith("{"):
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def last_line(text: str) -> str:

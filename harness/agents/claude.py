@@ -6,12 +6,11 @@ A not-logged-in answer still says `subtype: success`: `is_error` is what tells.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
 
-from .base import Proposal, Task, Usage, key_fingerprint, last_line
+from .base import Proposal, Task, Usage, json_object, key_fingerprint, last_line
 from .process import classify, find_executable, run_agent
 
 INSTALL_HINT = ("Install it with `npm install -g @anthropic-ai/claude-code`, then run `claude` once "
@@ -30,13 +29,8 @@ def _result_object(text: str) -> dict[str, Any] | None:
     text = text.strip()
     candidates = [text] + [line.strip() for line in reversed(text.splitlines())]
     for candidate in candidates:
-        if not candidate.startswith("{"):
-            continue
-        try:
-            data = json.loads(candidate)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(data, dict) and data.get("type") == "result":
+        data = json_object(candidate)
+        if data is not None and data.get("type") == "result":
             return data
     return None
 

@@ -6,12 +6,11 @@ worktree's git directory lies outside the sandbox). The JSONL event stream gives
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
 
-from .base import Proposal, Task, Usage, key_fingerprint, last_line
+from .base import Proposal, Task, Usage, json_object, key_fingerprint, last_line
 from .process import classify, find_executable, run_agent
 
 INSTALL_HINT = ("Install it with `npm install -g @openai/codex`, then run `codex login` "
@@ -33,14 +32,8 @@ def parse_codex_events(text: str) -> CodexRun:
     """
     usage, message, error, thread_id = Usage(), "", None, None
     for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(event, dict):
+        event = json_object(line)
+        if event is None:
             continue
         kind = event.get("type")
         if kind == "thread.started":

@@ -8,14 +8,13 @@ otherwise the last non-empty stdout line is the description.
 """
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import AgentError
-from .base import Proposal, Task, Usage, last_line
+from .base import Proposal, Task, Usage, json_object, last_line
 from .process import classify, find_executable, run_agent
 
 PLACEHOLDERS = ("{workdir}", "{prompt_file}", "{model}")
@@ -37,24 +36,20 @@ def _int(value: Any) -> int:
 def parse_command_output(stdout: str) -> CommandOutput:
     """Usage and description from the command's stdout (pure)."""
     line = last_line(stdout)
-    if line.startswith("{"):
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError:
-            data = None
-        if isinstance(data, dict):
-            cost = data.get("cost_usd")
-            try:
-                cost = None if cost is None else float(cost)
-            except (TypeError, ValueError):
-                cost = None
-            usage = Usage(_int(data.get("input_tokens")), _int(data.get("cached_tokens")),
-                          _int(data.get("output_tokens")), cost)
-            description = str(data.get("description") or "")
-            if not description:  # the line before the JSON, if any
-                description = last_line(stdout.strip()[: -len(line)]) if stdout.strip() != line else ""
-            return CommandOutput(usage, description)
-    return CommandOutput(Usage(), line)
+    data = json_object(line)
+    if data is None:
+        return CommandOutput(Usage(), line)
+    cost = data.get("cost_usd")
+    try:
+        cost = None if cost is None else float(cost)
+    except (TypeError, ValueError):
+        cost = None
+    usage = Usage(_int(data.get("input_tokens")), _int(data.get("cached_tokens")),
+                  _int(data.get("output_tokens")), cost)
+    description = str(data.get("description") or "")
+    if not description:  # the line before the JSON, if any
+        description = last_line(stdout.strip()[: -len(line)]) if stdout.strip() != line else ""
+    return CommandOutput(usage, description)
 
 
 def render_argv(template: str, workdir: Path, prompt_file: Path, model: str | None) -> list[str]:
