@@ -7,7 +7,8 @@ subprocesses) on the same proposals; printed side by side: false keeps, missed r
 improvements, the true quality of the final best, and true improvement per GPU-hour of
 training (every training run counted as one budget of GPU time, confirmations included).
 
-    python benchmarks/gate_simulation.py [--proposals 300] [--noise 0.005]
+    python benchmarks/gate_simulation.py [--proposals 300] [--noise 0.005] [--seeds 3]
+    python benchmarks/gate_simulation.py --sweep   # several kinds of world, a line each
 """
 from __future__ import annotations
 
@@ -93,31 +94,70 @@ def simulate(gate: str, proposals: list[float], noise: float, tmp: Path, noise_o
     }
 
 
+def compare(args, zero: float, real: float, lo: float, hi: float, harm_sd: float, verbose: bool) -> dict:
+    """Both gates over args.seeds worlds of one kind: the mean of each figure per gate."""
+    noise_options = {"confirm": args.confirm, "baseline_runs": args.baseline_runs}
+    totals: dict[str, dict[str, float]] = {"strict": {}, "noise": {}}
+    for seed in range(args.seeds):
+        proposals = [e * args.noise for e in effects(args.proposals, seed, zero, real, harm_sd, lo, hi)]
+        with tempfile.TemporaryDirectory() as tmp:
+            for gate in ("strict", "noise"):
+                r = simulate(gate, proposals, args.noise, Path(tmp), noise_options)
+                if verbose:
+                    print(f"  world {seed} {gate:6}: keeps {r['keeps']:3d}  false keeps {r['false_keeps']:3d}  "
+                          f"missed real {r['missed_real']}/{r['real']}  true final {r['true_final']:.4f}  "
+                          f"runs {r['runs']}  true gain/GPU-h {r['gain_per_gpu_h']:.5f}", flush=True)
+                for key in ("keeps", "false_keeps", "harm_kept", "missed_real", "real", "true_final", "runs",
+                            "gpu_h", "gain_per_gpu_h"):
+                    totals[gate][key] = totals[gate].get(key, 0.0) + r[key] / args.seeds
+    return totals
+
+
+SWEEP = [  # (share of real improvements, their size in noise sd from .. to)
+    (0.02, 1.0, 4.0), (0.02, 2.0, 8.0), (0.02, 3.0, 10.0),
+    (0.05, 1.0, 4.0), (0.05, 2.0, 8.0), (0.05, 3.0, 10.0),
+]
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b > 0 else "n/a"
+
+
+def sweep(args) -> None:
+    """One line per kind of world: where each gate does better per GPU-hour."""
+    print(f"{args.proposals} proposals per world, {args.seeds} worlds of each kind, noise sd {args.noise}; "
+          f"{args.zero:.0%} of proposals do nothing, the other non-improvements harm by 0 to {args.harm_sd:g} sd")
+    print(f"{'real share':>10} {'real size (sd)':>15} {'false keeps s/n':>16} {'missed real s/n':>16} "
+          f"{'true final s/n':>16} {'gain/GPU-h noise/strict':>24}")
+    for real, lo, hi in SWEEP:
+        t = compare(args, args.zero, real, lo, hi, args.harm_sd, verbose=False)
+        s, n = t["strict"], t["noise"]
+        pair = lambda key, fmt: f"{fmt.format(s[key])}/{fmt.format(n[key])}"  # noqa: E731
+        print(f"{real:>10.0%} {f'{lo:g} to {hi:g}':>15} {pair('false_keeps', '{:.1f}'):>16} "
+              f"{pair('missed_real', '{:.1f}'):>16} {pair('true_final', '{:.3f}'):>16} "
+              f"{ratio(n['gain_per_gpu_h'], s['gain_per_gpu_h']):>24}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--proposals", type=int, default=300)
     parser.add_argument("--noise", type=float, default=0.005, help="std of the run-to-run noise")
     parser.add_argument("--seeds", type=int, default=3, help="worlds simulated (proposals and noise differ)")
     parser.add_argument("--zero", type=float, default=0.55, help="share of proposals with no effect")
-    parser.add_argument("--real", type=float, default=0.05, help="share of real improvements (2 to 8 sd)")
+    parser.add_argument("--real", type=float, default=0.05, help="share of real improvements")
+    parser.add_argument("--real-sd", type=float, nargs=2, default=(2.0, 8.0), metavar=("LO", "HI"),
+                        help="size of the real improvements, in noise sd (default 2 8)")
     parser.add_argument("--harm-sd", type=float, default=3.0, help="the rest harm by 0 to this many sd")
     parser.add_argument("--confirm", type=int, default=None, help="noise gate: confirmation runs (default: the run default)")
     parser.add_argument("--baseline-runs", type=int, default=None, help="noise gate: baseline runs (default: the run default)")
+    parser.add_argument("--sweep", action="store_true",
+                        help="one line per kind of world (share and size of the real improvements)")
     args = parser.parse_args()
-    noise_options = {"confirm": args.confirm, "baseline_runs": args.baseline_runs}
-    totals: dict[str, dict[str, float]] = {"strict": {}, "noise": {}}
+    if args.sweep:
+        sweep(args)
+        return
     print(f"{args.proposals} proposals per world, noise sd {args.noise}, true baseline {BASE_QUALITY}")
-    for seed in range(args.seeds):
-        proposals = [e * args.noise for e in effects(args.proposals, seed, args.zero, args.real, args.harm_sd)]
-        with tempfile.TemporaryDirectory() as tmp:
-            for gate in ("strict", "noise"):
-                r = simulate(gate, proposals, args.noise, Path(tmp), noise_options)
-                print(f"  world {seed} {gate:6}: keeps {r['keeps']:3d}  false keeps {r['false_keeps']:3d}  "
-                      f"missed real {r['missed_real']}/{r['real']}  true final {r['true_final']:.4f}  "
-                      f"runs {r['runs']}  true gain/GPU-h {r['gain_per_gpu_h']:.5f}")
-                for key in ("keeps", "false_keeps", "harm_kept", "missed_real", "real", "true_final", "runs",
-                            "gpu_h", "gain_per_gpu_h"):
-                    totals[gate][key] = totals[gate].get(key, 0.0) + r[key] / args.seeds
+    totals = compare(args, args.zero, args.real, *args.real_sd, args.harm_sd, verbose=True)
     print(f"\nmean over {args.seeds} worlds{'':5}{'strict':>12}{'noise':>12}")
     rows = [("keeps", "keeps", "{:.1f}"), ("false keeps (effect >= 0)", "false_keeps", "{:.1f}"),
             ("true harm kept", "harm_kept", "{:.4f}"), ("real improvements", "real", "{:.1f}"),

@@ -139,12 +139,12 @@ def write_setup(run_dir: Path, tag: str, base: str, schedule: str, gpus: list[st
 
 def open_arm(arm: Arm, resume: bool, progress: Progress, git_lock: threading.Lock) -> None:
     """loop.open_run for one arm. git_lock serialises the git set-up of parallel arms; it is
-    released when the baseline starts training, so the two baselines can train at once."""
+    released when the baseline (or a candidate left untrained) starts training, so both arms can train at once."""
     released = False
 
     def tagged(event: str, data: dict[str, Any]) -> None:
         nonlocal released
-        if event == "baseline" and not released:
+        if event in ("baseline", "resumed") and not released:  # training: the other arm may set up
             git_lock.release()
             released = True
         progress(event, {**data, "arm": arm.name})
@@ -306,7 +306,8 @@ def run_ab(repo: Path, tag: str, arms: dict[str, tuple[str | None, str | None]],
         try:
             for arm in pool.values():
                 if arm.ctx is not None:
-                    arm.state = loop.reconcile(arm.ctx, arm.state.baseline_commit if arm.state else base) or arm.state
+                    arm.state = loop.reconcile(arm.ctx, arm.state.baseline_commit if arm.state else base,
+                                                retrain=False) or arm.state
                     arm.stopped = arm.stopped or result.stopped
         finally:
             signal.signal(signal.SIGINT, old_handler)

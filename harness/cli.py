@@ -91,6 +91,9 @@ def show_progress(event: str, data: dict[str, Any]) -> None:
         err.print(f"[bold]baseline[/] training commit {data['commit'][:12]} ...")
     elif event == "start":
         err.print(f"best so far {data['best']:.6f} after iteration {data['iteration']}")
+    elif event == "resumed":
+        err.print(f"[dim]iteration {data['iteration']}: training the candidate the interruption left "
+                  f"untrained ({data['commit'][:12]}) ...[/]")
     elif event == "iteration":
         lane = f" lane {data['lane']}" if "lane" in data else ""
         err.print(f"[dim]iteration {data['iteration']}{lane} (elapsed {data['elapsed_s']:.0f}s): researcher ...[/]")

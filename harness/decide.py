@@ -66,14 +66,30 @@ def decide(s: GateSettings, values: list[float], best: float, n_best: int,
     return KEEP, thr
 
 
+def runs_of(rows: list[dict[str, Any]], iteration: int) -> list[float]:
+    """Every measured run of one candidate's code: its first run, then its repeats (confirmation
+    runs, re-runs of the best at health checkpoints) in ledger order."""
+    first = [r["metric"] for r in rows if r.get("iteration") == iteration and r.get("status") != "repeat"
+             and r.get("metric") is not None][:1]
+    return first + [r["metric"] for r in rows if r.get("status") == "repeat" and r.get("metric") is not None
+                    and r.get("candidate") is not None and int(r["candidate"]) == iteration]
+
+
 def repeat_groups(rows: list[dict[str, Any]]) -> list[list[float]]:
-    """Measured values grouped by identical code: a candidate's first run with its repeats."""
-    groups: dict[int, list[float]] = {}
-    for r in rows:
-        if r.get("metric") is None:
-            continue
-        if r.get("status") == "repeat" and r.get("candidate") is not None:
-            groups.setdefault(int(r["candidate"]), []).append(r["metric"])
-        elif (r.get("runs") or 1) > 1 and r.get("iteration") is not None:
-            groups.setdefault(int(r["iteration"]), []).append(r["metric"])
-    return [g for g in groups.values() if len(g) >= 2]
+    """Measured values grouped by identical code: each repeated candidate's runs (see runs_of)."""
+    repeated = {int(r["candidate"]) for r in rows
+                if r.get("status") == "repeat" and r.get("candidate") is not None and r.get("metric") is not None}
+    groups = (runs_of(rows, c) for c in sorted(repeated))
+    return [g for g in groups if len(g) >= 2]
+
+
+def best_estimate(rows: list[dict[str, Any]], best: dict[str, Any]) -> tuple[float, int]:
+    """The noise gate's value for the best: the mean over every run of its code, and how many.
+
+    Re-runs of the best at health checkpoints count too, so the longer a best stands the more
+    precisely it is known, and the luck of the run that got it kept is diluted.
+    """
+    values = runs_of(rows, int(best.get("iteration") or 0))
+    if not values:
+        return best["metric"], best.get("runs") or 1
+    return statistics.fmean(values), len(values)

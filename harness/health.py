@@ -18,7 +18,7 @@ import statistics
 from collections import Counter
 from typing import Any, Callable
 
-from . import events, ledger, ledgerguard
+from . import decide, events, ledger, ledgerguard
 from .gitgate import GitGate
 from .ledger import Row
 from .step import Context, RunState, evaluate, repeat_row
@@ -146,9 +146,10 @@ class Monitor:
         seed = cfg.seed + HEALTH_SEED_OFFSET + it
         log = cfg.logs_dir / f"iter-{it:04d}-health.log"
         # A scratch worktree at the best: the run's worktrees may hold candidates meanwhile.
-        with GitGate(cfg.repo).scratch_worktree(state.best_commit) as worktree:
+        best_commit = state.best_commit
+        with GitGate(cfg.repo).scratch_worktree(best_commit) as worktree:
             result = evaluate(cfg, worktree, log, seed)
-        row = repeat_row(cfg, result, best.get("iteration") or 0, state.best_commit, seed, log,
+        row = repeat_row(cfg, result, best.get("iteration") or 0, best_commit, seed, log,
                          self.ctx.researcher.name, cfg.model)
         recorded, value = state.best_value, result.value(cfg.metric)
         if value is None:
@@ -169,4 +170,10 @@ class Monitor:
         row.description = ledger.one_line(f"{row.description} [{note}]")
         with self.lock:
             ledger.append(cfg.ledger_path, cfg.metric, row)
-            state.update_sigma(ledger.read_rows(cfg.ledger_path))
+            rows = ledger.read_rows(cfg.ledger_path)
+            state.update_sigma(rows)
+            same = state.best_commit == best_commit and best_commit.startswith(str(best["commit"]))
+            if cfg.gate == "noise" and value is not None and same:
+                # The re-run is one more measurement of the best: the next candidates face the
+                # mean over all of them (a lane may have kept a newer best meanwhile: then not).
+                state.best_value, state.best_runs = decide.best_estimate(rows, best)

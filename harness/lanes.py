@@ -165,13 +165,7 @@ class Scheduler:
 
     def journal(self, lane: Lane, ctx: Context, cand: Candidate) -> None:
         """The slot's journal for a committed candidate, with what its proposal cost (for resume)."""
-        usage = cand.proposal.usage
-        write_journal(ctx.cfg, {
-            "iteration": cand.iteration, "parent": cand.parent, "started_at": cand.started_at,
-            "phase": "train", "commit": cand.commit, "description": cand.description, "lane": lane.index,
-            "agent_s": round(cand.proposal.agent_s, 3), "input_tokens": usage.input_tokens,
-            "cached_tokens": usage.cached_tokens, "output_tokens": usage.output_tokens,
-            "cost_usd": cand.cost_usd}, ctx.journal)
+        write_journal(ctx.cfg, cand.journal_entry(lane=lane.index), ctx.journal)
 
     def prepare_async(self, lane: Lane, slot: int, note: str) -> Future:
         future: Future = Future()

@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Callable
 
-from . import __version__, decide, events, health, ledger, ledgerguard, pricing, recovery, seal
+from . import __version__, decide, events, health, ledger, ledgerguard, pricing, rebase, recovery, seal
 from .agents import Researcher, make_researcher, routing_mismatch
 from .config import RunConfig
 from .errors import RepoError
 from .gitgate import GitGate, sha256_file
 from .ledger import Row
-from .step import (INTERRUPTED, Context, RunState, clear_journal, evaluate, journal_path, memory_gb,
-                   now_iso, rel, repeat_row, run_step)
+from .step import (INTERRUPTED, Candidate, Context, RunState, commit_candidate, evaluate, judge_candidate,
+                   memory_gb, now_iso, pending, rel, repeat_row, run_step, write_journal)
 
 Progress = Callable[[str, dict[str, Any]], None]
 
@@ -162,23 +162,23 @@ def baseline(ctx: Context, state_base: str, progress: Progress) -> RunState:
                     best_runs=len(values), sigma=sigma)
 
 
-def reconcile(ctx: Context, base: str) -> RunState | None:
-    """Rebuild the state from disk: record an interrupted candidate once, reset to the best commit."""
+def reconcile(ctx: Context, base: str, progress: Progress = no_progress, retrain: bool = True) -> RunState | None:
+    """Rebuild the state from disk and reset the worktree to the best commit.
+
+    retrain: a committed candidate that an interruption left untrained is trained now, once (a
+    second interruption while it trains records it as an interrupted crash), so neither the
+    proposal nor what it cost is lost. Without retrain (the cleanup after Ctrl-C), its journal
+    stays for the next --resume.
+    """
     cfg = ctx.cfg
     recovery.on_resume(cfg.run_dir, cfg.logs_dir, cfg.worktree)  # jobs a killed supervisor left behind
     ledgerguard.sync(cfg.ledger_path)  # a torn last line repaired, rows changed behind our back restored
     rows = ledger.read_rows(cfg.ledger_path)
-    journal = journal_path(cfg)
-    if journal.exists():
-        data = json.loads(journal.read_text())
-        if data.get("commit") and not any(r.get("iteration") == data["iteration"] for r in rows):
-            ledger.append(cfg.ledger_path, cfg.metric, Row(
-                commit=data["commit"], metric=None, status="crash", iteration=data["iteration"], arm=cfg.arm,
-                description=ledger.one_line(f"{data.get('description', '')} [{INTERRUPTED}]"),
-                agent=ctx.researcher.name, model=pricing.resolve_model(cfg.model) or "",
-                parent=data["parent"][:12], started_at=data["started_at"]))
-            rows = ledger.read_rows(cfg.ledger_path)
-        clear_journal(cfg)
+    waiting = pending(cfg.run_dir, rows)
+    keep = {path for path, _ in waiting} if not retrain else set()
+    for path in cfg.run_dir.glob("inflight*.json"):  # torn ones too: nothing was committed after those
+        if path not in keep:
+            path.unlink(missing_ok=True)
     best = ledger.best_row(rows)
     if best is None:
         return None
@@ -188,10 +188,61 @@ def reconcile(ctx: Context, base: str) -> RunState | None:
     tried = set(tried_file.read_text().split()) if tried_file.exists() else set()
     hashes = {p: sha256_file(cfg.worktree / p) for p in cfg.protected}
     last = max((r.get("iteration") or 0) for r in rows)
-    state = RunState(base, best_commit, ledger.decided_value(best), last, hashes, tried,
-                     best_runs=best.get("runs") or 1)
+    if cfg.gate == "noise":
+        best_value, best_runs = decide.best_estimate(rows, best)
+    else:
+        best_value, best_runs = ledger.decided_value(best), best.get("runs") or 1
+    state = RunState(base, best_commit, best_value, last, hashes, tried, best_runs=best_runs)
     state.update_sigma(rows)
+    if retrain:
+        for _, data in waiting:
+            train_interrupted(ctx, state, data, progress)
     return state
+
+
+def train_interrupted(ctx: Context, state: RunState, data: dict[str, Any], progress: Progress) -> None:
+    """Train a committed candidate an interruption left untrained, or record why it cannot be.
+
+    A candidate proposed on an older best (the second of two in flight, when the first was
+    kept) is moved onto the best first, as the lanes do; a conflict is an `invalid` row.
+    """
+    cfg = ctx.cfg
+    cand = Candidate.from_journal(data, state.best_value)
+    try:
+        commit = ctx.wt.resolve(data["commit"])
+    except Exception:  # noqa: BLE001  (git's own error: the commit is gone)
+        commit = ""
+    if data.get("attempts", 0) >= 1 or not commit:
+        why = "again while it was trained on resume" if commit else "and its commit no longer exists"
+        row = cand.row(ctx, "crash", f"{cand.description} [{INTERRUPTED} {why}]")
+    elif state.best_commit.startswith(str(data["parent"])):
+        cand.commit = commit
+        ctx.wt.reset_hard(commit)
+        row = None
+    else:
+        onto = state.best_commit
+        conflicts = rebase.merge_onto(ctx.wt, commit, str(data["parent"]), onto, cfg.editable)
+        cand.parent, cand.commit = onto, ""
+        cand.description = f"{cand.description} (rebased onto {onto[:12]})"
+        if conflicts:
+            row = cand.row(ctx, "invalid", f"{cand.description} [invalid: conflicts with the new best "
+                                           f"{onto[:12]} after rebase: {', '.join(conflicts)}]")
+        elif not [c for c in ctx.wt.changes() if "__pycache__/" not in c.path]:
+            row = cand.row(ctx, "skip", f"{cand.description} [its change is already in the best]")
+        elif not commit_candidate(ctx, state, cand, trailers=f"Harness-Rebased-From: {commit}\n"):
+            row = cand.outcome
+        else:
+            row = None
+    if row is not None:
+        row.lane = data.get("lane")
+        ctx.wt.reset_hard(state.best_commit)
+        ledger.append(cfg.ledger_path, cfg.metric, row)
+        state.iteration = max(state.iteration, cand.iteration)
+        return
+    write_journal(cfg, cand.journal_entry(attempts=1), ctx.journal)  # a second interruption records it
+    progress("resumed", {"iteration": cand.iteration, "commit": cand.commit})
+    row = judge_candidate(ctx, state, cand)
+    progress("row", {"row": row, "best": state.best_value})
 
 
 def open_run(cfg: RunConfig, resume: bool, progress: Progress = no_progress,
@@ -220,7 +271,7 @@ def open_run(cfg: RunConfig, resume: bool, progress: Progress = no_progress,
         write_manifest(cfg, researcher, base, program)
     link_results(cfg)
     ctx = Context(cfg, gate.worktree(cfg.worktree), researcher, program)
-    state = reconcile(ctx, base) if resume else None
+    state = reconcile(ctx, base, progress) if resume else None
     if state is None:
         state = baseline(ctx, base, progress)
     return ctx, state
@@ -336,7 +387,15 @@ def run(cfg: RunConfig, resume: bool = False, progress: Progress = no_progress,
         if ctx is not None:
             old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not tear the cleanup
             try:
-                state = reconcile(ctx, state.baseline_commit if state else "") or state
+                state = reconcile(ctx, state.baseline_commit if state else "", retrain=False) or state
+                stopped = interrupted(cfg)
             finally:
                 signal.signal(signal.SIGINT, old)
     return summarize(cfg, state, stopped)
+
+
+def interrupted(cfg: RunConfig) -> str:
+    """Why the run stopped after Ctrl-C, and what --resume will do first."""
+    waiting = len(pending(cfg.run_dir, ledger.read_rows(cfg.ledger_path)))
+    first = f" ({waiting} committed candidate{'s' if waiting > 1 else ''} will be trained first)" if waiting else ""
+    return f"interrupted (Ctrl-C); continue with --resume{first}"

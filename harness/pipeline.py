@@ -16,21 +16,19 @@ GPU between two jobs). --pipeline / --no-pipeline override the default.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import signal
 import time
 from urllib.parse import urlparse
 
-from . import events, health, ledger, loop, pricing
+from . import events, health, loop
 from .loop import Progress, no_progress
 from .agents import Researcher, make_researcher
 from .config import RunConfig
 from .errors import ConfigError
 from .gitgate import GitGate
-from .ledger import Row
 from .lanes import Guarded, Lane, Scheduler
-from .step import INTERRUPTED, Context
+from .step import Context
 
 REMOTE_AGENTS = ("openai", "codex", "claude")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "0.0.0.0")
@@ -67,46 +65,6 @@ def pipelined(cfg: RunConfig) -> bool:
 
 
 # ---------------------------------------------------------------------------
-# Journals of the lanes' worktrees: what was in flight when the supervisor stopped
-
-
-def record_interrupted(cfg: RunConfig, agent: str) -> list[int]:
-    """Append an `interrupted` crash row for every lane journal whose commit has no row; clear them.
-
-    In iteration order, so two candidates in flight (one training, one proposed) keep their
-    order. A proposal that was never committed leaves nothing to record. The classic
-    journal (inflight.json) is left to loop.reconcile.
-    """
-    journals = sorted(cfg.run_dir.glob("inflight-*.json"))
-    if not journals:
-        return []
-    rows = ledger.read_rows(cfg.ledger_path)
-    seen = {r.get("iteration") for r in rows}
-    entries = []
-    for path in journals:
-        try:
-            entries.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            pass  # a torn journal: its write never finished, so nothing was committed after it
-    recorded = []
-    for data in sorted(entries, key=lambda d: d.get("iteration", 0)):
-        if not data.get("commit") or data.get("iteration") in seen:
-            continue
-        ledger.append(cfg.ledger_path, cfg.metric, Row(
-            commit=data["commit"], metric=None, status="crash", iteration=data["iteration"], arm=cfg.arm,
-            description=ledger.one_line(f"{data.get('description', '')} [{INTERRUPTED}]"),
-            agent=agent, model=pricing.resolve_model(cfg.model) or "", parent=data["parent"][:12],
-            started_at=data["started_at"], agent_s=data.get("agent_s"),
-            input_tokens=data.get("input_tokens"), cached_tokens=data.get("cached_tokens"),
-            output_tokens=data.get("output_tokens"), cost_usd=data.get("cost_usd"), lane=data.get("lane")))
-        seen.add(data["iteration"])
-        recorded.append(data["iteration"])
-    for path in journals:
-        path.unlink(missing_ok=True)
-    return recorded
-
-
-# ---------------------------------------------------------------------------
 # Running
 
 
@@ -130,8 +88,6 @@ def run(cfg: RunConfig, resume: bool = False, progress: Progress = no_progress,
     """`harness run` and `harness step`: the classic loop, or lanes with pipelining."""
     gpus = parse_gpus(cfg.gpus)
     researcher = researcher or make_researcher(cfg.agent, cfg.model, cfg.agent_options)
-    if resume and cfg.ledger_path.exists():
-        record_interrupted(cfg, researcher.name)
     on = pipelined(cfg)
     if max_steps is not None or (len(gpus) <= 1 and not on):
         if gpus:
@@ -165,8 +121,8 @@ def run_lanes(cfg: RunConfig, gpus: tuple[str, ...], pipelined_: bool, resume: b
             try:
                 if sched is not None:
                     sched.shutdown()
-                record_interrupted(cfg, researcher.name)
-                state = loop.reconcile(ctx, state.baseline_commit if state else "") or state
+                state = loop.reconcile(ctx, state.baseline_commit if state else "", retrain=False) or state
+                stopped = loop.interrupted(cfg)
             finally:
                 signal.signal(signal.SIGINT, old)
     return loop.summarize(cfg, state, stopped)

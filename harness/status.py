@@ -5,6 +5,7 @@ from pathlib import Path
 
 from . import events, ledger
 from .errors import HarnessError
+from .step import pending
 
 
 def find_ledger(repo: Path, tag: str | None) -> Path:
@@ -49,6 +50,10 @@ def render_text(path: Path, last: int = 10, last_events: int = 3) -> str:
         lines.append(f"{r.get('iteration') if r.get('iteration') is not None else '':>4}  "
                      f"{(r.get('commit') or ''):12}  {fmt(r.get('metric')):>10}  "
                      f"{r.get('status', ''):8}  {(r.get('description') or '')[:90]}")
+    waiting = pending(path.parent, rows)
+    if waiting:  # committed candidates an interruption left untrained
+        lines += [""] + [f"waiting for --resume: iteration {d['iteration']} ({str(d['commit'])[:12]}) "
+                         f"{str(d.get('description', ''))[:70]}" for _, d in waiting]
     happened, _ = events.read(path.parent)
     if happened:  # repairs, restores, health warnings and stops
         lines += ["", f"events: {len(happened)} (runs/{path.parent.name}/events.log); the latest:"]

@@ -11,11 +11,12 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 from datetime import datetime, timezone
 from pathlib import Path
 
 from . import decide, faults, guard, ledger, pricing, prompt, seal
-from .agents import Proposal, Researcher, Task
+from .agents import Proposal, Researcher, Task, Usage
 from .config import RunConfig
 from .gitgate import Worktree, content_hash, sha256_file
 from .ledger import Row
@@ -172,6 +173,21 @@ def clear_journal(cfg: RunConfig, name: str = "inflight.json") -> None:
     journal_path(cfg, name).unlink(missing_ok=True)
 
 
+def pending(run_dir: Path, rows: list[dict[str, Any]]) -> list[tuple[Path, dict[str, Any]]]:
+    """Committed candidates an interruption left without a row (the loop's journal and each lane
+    worktree's), in iteration order: --resume trains them first."""
+    seen = {r.get("iteration") for r in rows if r.get("status") != "repeat"}
+    found = []
+    for path in run_dir.glob("inflight*.json"):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # a torn journal: its write never finished, so nothing was committed after it
+        if data.get("commit") and data.get("iteration") not in seen:
+            found.append((path, data))
+    return sorted(found, key=lambda pd: pd[1]["iteration"])
+
+
 # ---------------------------------------------------------------------------
 # The whole iteration
 
@@ -190,6 +206,24 @@ class Candidate:
     description: str
     commit: str = ""  # empty until committed
     outcome: Row | None = None  # set when the candidate ended before training (crash/invalid/skip)
+
+    def journal_entry(self, **extra: Any) -> dict[str, Any]:
+        """What a resume needs to train this committed candidate, or to record it: its proposal's
+        spend included, so an interruption loses neither the proposal nor what it cost."""
+        usage = self.proposal.usage
+        return {"iteration": self.iteration, "parent": self.parent, "started_at": self.started_at,
+                "phase": "train", "commit": self.commit, "description": self.description,
+                "model": self.model, "agent_s": round(self.proposal.agent_s, 3), "retries": self.proposal.retries,
+                "input_tokens": usage.input_tokens, "cached_tokens": usage.cached_tokens,
+                "output_tokens": usage.output_tokens, "cost_usd": self.cost_usd, **extra}
+
+    @classmethod
+    def from_journal(cls, data: dict[str, Any], best_before: float) -> "Candidate":
+        """A committed candidate an interruption left untrained, rebuilt from its journal entry."""
+        usage = Usage(data.get("input_tokens") or 0, data.get("cached_tokens") or 0, data.get("output_tokens") or 0)
+        proposal = Proposal(data.get("description", ""), usage, data.get("agent_s") or 0.0, data.get("retries") or 0)
+        return cls(data["iteration"], data["parent"], best_before, data["started_at"], time.monotonic(), proposal,
+                   data.get("model"), data.get("cost_usd"), data.get("description", ""), commit=data["commit"])
 
     def row(self, ctx: Context, status: str, description: str, result: TrainResult | None = None,
             log: Path | None = None) -> Row:
@@ -244,8 +278,7 @@ def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str
         return cand
     if not commit_candidate(ctx, state, cand):
         return cand
-    write_journal(cfg, {"iteration": iteration, "parent": parent, "started_at": started_at,
-                        "phase": "train", "commit": cand.commit, "description": cand.description}, ctx.journal)
+    write_journal(cfg, cand.journal_entry(), ctx.journal)
     faults.point("after_commit")
     return cand
 

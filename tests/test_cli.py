@@ -1,6 +1,7 @@
 """The `harness` command as a user runs it: refusals, run, step, status, init, Ctrl-C."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -107,16 +108,23 @@ def test_ctrl_c_during_training_then_resume(tmp_path: Path):
     assert proc.returncode == 0, errtext
     assert "interrupted" in errtext
     rows = ledger.read_rows(repo / "runs/c/results.tsv")
-    assert [r["status"] for r in rows] == ["keep", "crash"]
-    assert "interrupted" in rows[1]["description"] and rows[1]["commit"]
+    assert [r["status"] for r in rows] == ["keep"]  # nothing decided; the candidate waits for --resume
+    assert "1 committed candidate will be trained first" in " ".join(errtext.split()), errtext
+    journal = json.loads((repo / "runs/c/inflight.json").read_text())
+    assert journal["iteration"] == 1 and journal["commit"]
     wt = repo / "runs/c/worktree"
     assert git(wt, "rev-parse", "HEAD").startswith(rows[0]["commit"])
     assert git(wt, "status", "--porcelain") == ""
     # No training job survives the supervisor.
     assert subprocess.run(["pgrep", "-f", str(wt / "train.py")], capture_output=True).returncode != 0
-    subprocess.run(cmd + ["--resume"], env=env, check=True, capture_output=True, timeout=60)
+    status = subprocess.run([sys.executable, "-m", "harness", "status", "c", "--repo", str(repo)],
+                            env=env, capture_output=True, text=True, timeout=60).stdout
+    assert "waiting for --resume: iteration 1" in status
+    resumed = subprocess.run(cmd + ["--resume"], env=env, check=True, capture_output=True, text=True, timeout=60)
+    assert "training the candidate the interruption left untrained" in resumed.stderr
     rows = ledger.read_rows(repo / "runs/c/results.tsv")
     assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
+    assert rows[1]["commit"] == journal["commit"][:12] and rows[1]["status"] in ("keep", "discard")
 
 
 def test_init_existing_repo_and_karpathy_checkout(tmp_path: Path):

@@ -66,6 +66,53 @@ def test_repeat_groups_from_a_constructed_ledger(tmp_path: Path):
     assert ledger.decided_value(ledger.read_rows(path)[0]) == pytest.approx(1.01)
 
 
+def test_every_run_of_the_best_counts_in_its_estimate(tmp_path: Path):
+    path = tmp_path / "results.tsv"
+    rows = [
+        ledger.Row("base", 1.00, "keep", "baseline", 0, runs=2, mean=1.01),
+        ledger.Row("base", 1.02, "repeat", "repeat of iteration 0", 0, candidate=0),
+        ledger.Row("c1", 0.90, "keep", "a clear win", 1, runs=1),  # kept on one run
+        ledger.Row("c2", 0.95, "discard", "y", 2, runs=1),
+        ledger.Row("c1", 0.94, "repeat", "repeat of iteration 1 [health check]", 1, candidate=1),
+        ledger.Row("c1", None, "crash", "repeat of iteration 1 [it crashed]", 1, candidate=1),
+        ledger.Row("c1", 0.92, "repeat", "repeat of iteration 1 [health check]", 1, candidate=1),
+    ]
+    for r in rows:
+        ledger.append(path, "val_bpb", r)
+    read = ledger.read_rows(path)
+    assert decide.runs_of(read, 1) == [0.90, 0.94, 0.92]
+    assert decide.best_estimate(read, ledger.best_row(read)) == (pytest.approx(0.92), 3)
+    # The kept run and its re-runs are one group of identical code, as is the baseline.
+    assert sorted(sorted(g) for g in decide.repeat_groups(read)) == [[0.9, 0.92, 0.94], [1.0, 1.02]]
+
+
+@pytest.mark.parametrize("gate", ["noise", "strict"])
+def test_reruns_of_the_best_move_the_bar_under_the_noise_gate(repo: Path, tmp_path: Path, monkeypatch, gate: str):
+    noisy(repo, tmp_path, monkeypatch, noise=0.01)
+    script = [neutral(i) for i in range(5)]
+    options = {"gate": gate, "baseline_runs": 2, "health_every": 2}
+    cfg = resolve(repo, gate, {**options, "iterations": 3})
+    loop.run(cfg, researcher=ScriptedResearcher(script[:3]))
+    # The resumed run rebuilds the best's estimate from the ledger: health re-runs included.
+    cfg = resolve(repo, gate, {**options, "iterations": 5})
+    loop.run(cfg, resume=True, researcher=ScriptedResearcher(script[3:]))
+    rows = ledger.read_rows(cfg.ledger_path)
+    reruns = [r for r in rows if r["status"] == "repeat" and "health check" in r["description"]]
+    assert len(reruns) == 2
+    for it in (3, 5):  # the candidates that came after a health checkpoint
+        row = next(r for r in rows if r["iteration"] == it and r["status"] != "repeat")
+        before = rows[:rows.index(row)]
+        best = ledger.best_row(before)
+        if gate == "noise":  # the mean over every run of the best's code, its health re-runs included
+            runs = decide.runs_of(before, best["iteration"])
+            assert sum(1 for r in reruns if rows.index(r) < rows.index(row) and r["commit"] == best["commit"]) \
+                == len(runs) - (best["runs"] or 1)
+            expected = statistics.fmean(runs)
+        else:  # strict: the best's recorded value, whatever the re-runs say
+            expected = ledger.decided_value(best)
+        assert row["best_before"] == pytest.approx(expected, abs=2e-6)
+
+
 def noisy(repo: Path, tmp_path: Path, monkeypatch, noise: float = 0.01):
     monkeypatch.setenv("FAKE_NOISE", str(noise))
     monkeypatch.setenv("FAKE_COUNTER", str(tmp_path / "counter"))

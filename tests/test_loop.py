@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -128,23 +129,79 @@ def test_ctrl_c_in_researcher_then_resume(repo: Path):
     assert rows[2]["best_before"] == pytest.approx(0.9)
 
 
-def test_interrupted_candidate_is_recorded_once_on_resume(repo: Path):
-    """A supervisor killed during training leaves a journal; resume records the candidate once."""
-    cfg = config(repo, iterations=3)
-    loop.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}]), max_steps=1)
+def interrupted_candidate(cfg, value: str, **journal) -> str:
+    """What a supervisor killed while training leaves behind: a committed candidate and its journal."""
     wt = cfg.worktree
-    (wt / "train.py").write_text((wt / "train.py").read_text().replace("VALUE = 0.9", "VALUE = 0.1"))
+    (wt / "train.py").write_text(re.sub(r"^VALUE = \S+", f"VALUE = {value}", (wt / "train.py").read_text(), flags=re.M))
     git(wt, "add", "train.py")
     git(wt, "commit", "-q", "-m", "candidate in flight")
     inflight = git(wt, "rev-parse", "HEAD")
     (cfg.run_dir / "inflight.json").write_text(json.dumps({
         "iteration": 2, "parent": git(wt, "rev-parse", "HEAD~1"), "started_at": "2026-01-01T00:00:00Z",
-        "phase": "train", "commit": inflight, "description": "VALUE=0.1"}))
+        "phase": "train", "commit": inflight, "description": f"VALUE={value}", "agent_s": 12.5,
+        "input_tokens": 1000, "cached_tokens": 0, "output_tokens": 200, "cost_usd": 0.0123, **journal}))
+    return inflight
+
+
+def test_interrupted_candidate_is_trained_on_resume(repo: Path):
+    """A supervisor killed during training leaves a journal; resume trains the candidate once."""
+    cfg = config(repo, iterations=3)
+    loop.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}]), max_steps=1)
+    inflight = interrupted_candidate(cfg, "0.1")
     loop.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": 0.85}]))
     rows = ledger.read_rows(cfg.ledger_path)
-    assert [(r["iteration"], r["status"]) for r in rows] == [(0, "keep"), (1, "keep"), (2, "crash"), (3, "keep")]
-    assert "interrupted" in rows[2]["description"] and rows[2]["commit"] == inflight[:12]
+    assert [(r["iteration"], r["status"]) for r in rows] == [(0, "keep"), (1, "keep"), (2, "keep"), (3, "discard")]
+    resumed = rows[2]
+    assert resumed["commit"] == inflight[:12] and resumed["metric"] == pytest.approx(0.1)
+    # The proposal's spend, from the journal, is on its row: nothing it cost is lost.
+    assert (resumed["input_tokens"], resumed["output_tokens"], resumed["cost_usd"]) == (1000, 200, 0.0123)
+    assert resumed["agent_s"] == 12.5 and resumed["train_s"] > 0
+    assert rows[3]["best_before"] == pytest.approx(0.1)
+    assert inflight[:12] in [c[:12] for c in branch_commits(repo, cfg)]
+    assert not list(cfg.run_dir.glob("inflight*.json"))
+
+
+@pytest.mark.parametrize("case", ["interrupted twice", "commit gone", "conflicts with the new best"])
+def test_an_interrupted_candidate_that_cannot_be_trained_is_recorded_once(repo: Path, case: str):
+    cfg = config(repo, iterations=3)
+    loop.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}]), max_steps=1)
+    base = json.loads((cfg.run_dir / "run.json").read_text())["baseline_commit"]
+    extra = {"interrupted twice": {"attempts": 1}, "commit gone": {"commit": "f" * 40},
+             "conflicts with the new best": {"parent": base}}[case]  # both changed the VALUE line
+    inflight = interrupted_candidate(cfg, "0.1", **extra)
+    loop.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": 0.85}]))
+    rows = ledger.read_rows(cfg.ledger_path)
+    status = "invalid" if case.startswith("conflicts") else "crash"
+    assert [(r["iteration"], r["status"]) for r in rows] == [(0, "keep"), (1, "keep"), (2, status), (3, "keep")]
+    assert ("after rebase" if status == "invalid" else "interrupted") in rows[2]["description"]
+    assert rows[2]["cost_usd"] == 0.0123 and rows[2]["input_tokens"] == 1000 and rows[2]["train_s"] is None
     assert inflight[:12] not in [c[:12] for c in branch_commits(repo, cfg)]
+    assert rows[3]["parent"] == rows[1]["commit"]
+    assert git(cfg.worktree, "status", "--porcelain") == ""
+
+
+def test_an_interrupted_candidate_on_an_older_best_is_moved_onto_the_best(repo: Path):
+    """Two were in flight: the first was kept on resume, so the second is merged onto it, then trained."""
+    cfg = config(repo, iterations=2)
+    loop.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}]), max_steps=1)
+    base = json.loads((cfg.run_dir / "run.json").read_text())["baseline_commit"]
+    wt = cfg.worktree
+    git(wt, "checkout", "-q", "--detach", base)  # the second proposal, made on the baseline
+    (wt / "train.py").write_text((wt / "train.py").read_text() + "# a change on another line\n")
+    git(wt, "commit", "-q", "-am", "second proposal")
+    second = git(wt, "rev-parse", "HEAD")
+    git(wt, "checkout", "-q", cfg.branch)
+    (cfg.run_dir / "inflight-0b.json").write_text(json.dumps({
+        "iteration": 2, "parent": base, "started_at": "2026-01-01T00:00:00Z", "phase": "train",
+        "commit": second, "description": "a comment", "lane": 0, "input_tokens": 10, "output_tokens": 5}))
+    loop.run(cfg, resume=True, researcher=ScriptedResearcher([]))
+    rows = ledger.read_rows(cfg.ledger_path)
+    assert [(r["iteration"], r["status"]) for r in rows] == [(0, "keep"), (1, "keep"), (2, "discard")]
+    moved = rows[2]
+    assert moved["parent"] == rows[1]["commit"] and "rebased onto" in moved["description"]
+    assert moved["metric"] == pytest.approx(0.9) and moved["input_tokens"] == 10  # the best's VALUE, merged
+    assert f"Harness-Rebased-From: {second}" in git(repo, "log", "-1", "--format=%B", moved["commit"])
+    assert not list(cfg.run_dir.glob("inflight*.json"))
 
 
 def test_hours_deadline_never_starts_an_iteration_that_cannot_finish(repo: Path):

@@ -29,8 +29,10 @@ def test_sigkill_at_each_phase_then_resume(tmp_path: Path, fault: str):
     first = rows[1]
     phase = fault.split(":")[0]
     if phase in ("after_commit", "during_train", "after_train"):
-        # committed, never judged: recorded once as an interrupted crash, never evaluated twice
-        assert first["status"] == "crash" and "interrupted" in first["description"]
+        # committed, never judged: trained on resume, once, with the proposal's spend on its row
+        assert first["status"] in ("keep", "discard") and "interrupted" not in first["description"]
+        assert first["train_s"] > 0 and first["agent_s"] is not None
+        assert sum(1 for r in rows if r["iteration"] == 1 and r["status"] != "repeat") == 1
     elif phase == "mid_ledger_write":
         # the row was half written: the torn line was cut off and the row completed from the harness's copy
         assert first["status"] == "keep" and "interrupted" not in first["description"]

@@ -36,7 +36,9 @@ def test_a_full_disk_stops_the_run_with_a_clear_message_and_loses_nothing(repo: 
     monkeypatch.setattr(os, "write", real_write)  # space freed
     loop.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": 0.7}, {"VALUE": 0.6}]))
     rows = assert_recovered(repo, "full", 4)
-    assert rows[2]["status"] == "crash" and "interrupted" in rows[2]["description"]  # committed, never recorded
+    # committed, never recorded: trained again on resume and recorded once
+    assert rows[2]["status"] == "keep" and rows[2]["metric"] == pytest.approx(0.8)
+    assert "interrupted" not in rows[2]["description"]
     assert [r["status"] for r in rows[3:]] == ["keep", "keep"]
 
 
