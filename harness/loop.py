@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any, Callable
 
 from . import __version__, decide, events, health, ledger, ledgerguard, pricing, rebase, recovery, seal
@@ -175,7 +176,7 @@ def reconcile(ctx: Context, base: str, progress: Progress = no_progress, retrain
     ledgerguard.sync(cfg.ledger_path)  # a torn last line repaired, rows changed behind our back restored
     rows = ledger.read_rows(cfg.ledger_path)
     waiting = pending(cfg.run_dir, rows)
-    keep = {path for path, _ in waiting} if not retrain else set()
+    keep = {path for path, _ in waiting}
     for path in cfg.run_dir.glob("inflight*.json"):  # torn ones too: nothing was committed after those
         if path not in keep:
             path.unlink(missing_ok=True)
@@ -195,12 +196,13 @@ def reconcile(ctx: Context, base: str, progress: Progress = no_progress, retrain
     state = RunState(base, best_commit, best_value, last, hashes, tried, best_runs=best_runs)
     state.update_sigma(rows)
     if retrain:
-        for _, data in waiting:
-            train_interrupted(ctx, state, data, progress)
+        for path, data in waiting:  # each journal goes only once its candidate is taken care of
+            train_interrupted(ctx, state, path, data, progress)
     return state
 
 
-def train_interrupted(ctx: Context, state: RunState, data: dict[str, Any], progress: Progress) -> None:
+def train_interrupted(ctx: Context, state: RunState, path: Path, data: dict[str, Any],
+                      progress: Progress) -> None:
     """Train a committed candidate an interruption left untrained, or record why it cannot be.
 
     A candidate proposed on an older best (the second of two in flight, when the first was
@@ -237,9 +239,12 @@ def train_interrupted(ctx: Context, state: RunState, data: dict[str, Any], progr
         row.lane = data.get("lane")
         ctx.wt.reset_hard(state.best_commit)
         ledger.append(cfg.ledger_path, cfg.metric, row)
+        path.unlink(missing_ok=True)
         state.iteration = max(state.iteration, cand.iteration)
         return
     write_journal(cfg, cand.journal_entry(attempts=1), ctx.journal)  # a second interruption records it
+    if path.name != ctx.journal:
+        path.unlink(missing_ok=True)
     progress("resumed", {"iteration": cand.iteration, "commit": cand.commit})
     row = judge_candidate(ctx, state, cand)
     progress("row", {"row": row, "best": state.best_value})

@@ -185,7 +185,12 @@ def pending(run_dir: Path, rows: list[dict[str, Any]]) -> list[tuple[Path, dict[
             continue  # a torn journal: its write never finished, so nothing was committed after it
         if data.get("commit") and data.get("iteration") not in seen:
             found.append((path, data))
-    return sorted(found, key=lambda pd: pd[1]["iteration"])
+    # A candidate being trained on resume has the loop's journal (attempts 1) and, for a moment,
+    # its lane's (attempts 0): the one that counts the attempt wins.
+    latest: dict[int, tuple[Path, dict[str, Any]]] = {}
+    for path, data in sorted(found, key=lambda pd: pd[1].get("attempts", 0)):
+        latest[data["iteration"]] = (path, data)
+    return [latest[i] for i in sorted(latest)]
 
 
 # ---------------------------------------------------------------------------

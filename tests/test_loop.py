@@ -180,6 +180,21 @@ def test_an_interrupted_candidate_that_cannot_be_trained_is_recorded_once(repo: 
     assert git(cfg.worktree, "status", "--porcelain") == ""
 
 
+def test_killed_while_training_a_resumed_candidate_records_it_once(repo: Path):
+    """Killed during the resume's own training of a lane's candidate: both journals are left
+    (the loop's counts the attempt); the next resume records that candidate once, as a crash."""
+    cfg = config(repo, iterations=3)
+    loop.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}]), max_steps=1)
+    interrupted_candidate(cfg, "0.1", attempts=1)
+    lane_journal = json.loads((cfg.run_dir / "inflight.json").read_text())
+    (cfg.run_dir / "inflight-0a.json").write_text(json.dumps({**lane_journal, "attempts": 0, "lane": 0}))
+    loop.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": 0.85}]))
+    rows = ledger.read_rows(cfg.ledger_path)
+    assert [(r["iteration"], r["status"]) for r in rows] == [(0, "keep"), (1, "keep"), (2, "crash"), (3, "keep")]
+    assert "interrupted again" in rows[2]["description"]
+    assert not list(cfg.run_dir.glob("inflight*.json"))
+
+
 def test_an_interrupted_candidate_on_an_older_best_is_moved_onto_the_best(repo: Path):
     """Two were in flight: the first was kept on resume, so the second is merged onto it, then trained."""
     cfg = config(repo, iterations=2)
