@@ -242,11 +242,16 @@ def train_interrupted(ctx: Context, state: RunState, path: Path, data: dict[str,
         path.unlink(missing_ok=True)
         state.iteration = max(state.iteration, cand.iteration)
         return
-    write_journal(cfg, cand.journal_entry(attempts=1), ctx.journal)  # a second interruption records it
+    write_journal(cfg, cand.journal_entry(attempts=1), ctx.journal)  # a second kill records it
     if path.name != ctx.journal:
         path.unlink(missing_ok=True)
     progress("resumed", {"iteration": cand.iteration, "commit": cand.commit})
-    row = judge_candidate(ctx, state, cand)
+    try:
+        row = judge_candidate(ctx, state, cand)
+    except KeyboardInterrupt:  # the user's Ctrl-C is no crash: the next --resume trains it again
+        write_journal(cfg, cand.journal_entry(), ctx.journal)
+        ctx.wt.reset_hard(state.best_commit)
+        raise
     progress("row", {"row": row, "best": state.best_value})
 
 
@@ -388,14 +393,13 @@ def run(cfg: RunConfig, resume: bool = False, progress: Progress = no_progress,
             progress("row", {"row": row, "best": state.best_value, "elapsed_s": time.monotonic() - start,
                              "eta_s": eta})
     except KeyboardInterrupt:
-        stopped = "interrupted (Ctrl-C); continue with --resume"
         if ctx is not None:
             old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not tear the cleanup
             try:
                 state = reconcile(ctx, state.baseline_commit if state else "", retrain=False) or state
-                stopped = interrupted(cfg)
             finally:
                 signal.signal(signal.SIGINT, old)
+        stopped = interrupted(cfg)
     return summarize(cfg, state, stopped)
 
 

@@ -115,7 +115,7 @@ def run_lanes(cfg: RunConfig, gpus: tuple[str, ...], pipelined_: bool, resume: b
                            "lanes": len(sched.lanes), "pipeline": pipelined_})
         stopped = sched.run()
     except KeyboardInterrupt:
-        stopped = "interrupted (Ctrl-C); continue with --resume"
+        stopped = loop.interrupted(cfg)
         if ctx is not None:
             old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not tear the cleanup
             try:

@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -129,10 +133,11 @@ def test_ctrl_c_in_researcher_then_resume(repo: Path):
     assert rows[2]["best_before"] == pytest.approx(0.9)
 
 
-def interrupted_candidate(cfg, value: str, **journal) -> str:
+def interrupted_candidate(cfg, value: str, sleep_s: float = 0.0, **journal) -> str:
     """What a supervisor killed while training leaves behind: a committed candidate and its journal."""
     wt = cfg.worktree
-    (wt / "train.py").write_text(re.sub(r"^VALUE = \S+", f"VALUE = {value}", (wt / "train.py").read_text(), flags=re.M))
+    text = re.sub(r"^VALUE = \S+", f"VALUE = {value}", (wt / "train.py").read_text(), flags=re.M)
+    (wt / "train.py").write_text(re.sub(r"^SLEEP_S = \S+", f"SLEEP_S = {sleep_s}", text, flags=re.M))
     git(wt, "add", "train.py")
     git(wt, "commit", "-q", "-m", "candidate in flight")
     inflight = git(wt, "rev-parse", "HEAD")
@@ -193,6 +198,25 @@ def test_killed_while_training_a_resumed_candidate_records_it_once(repo: Path):
     assert [(r["iteration"], r["status"]) for r in rows] == [(0, "keep"), (1, "keep"), (2, "crash"), (3, "keep")]
     assert "interrupted again" in rows[2]["description"]
     assert not list(cfg.run_dir.glob("inflight*.json"))
+
+
+def test_ctrl_c_while_the_resume_trains_a_waiting_candidate_keeps_it_waiting(repo: Path):
+    """The user's Ctrl-C is no crash: the candidate waits for the next --resume again."""
+    cfg = config(repo, iterations=2)
+    loop.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}]), max_steps=1)
+    inflight = interrupted_candidate(cfg, "0.1", sleep_s=3.0)
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    t0 = time.monotonic()
+    summary = loop.run(cfg, resume=True, researcher=ScriptedResearcher([]))
+    assert time.monotonic() - t0 < 3.0  # its training was killed, not waited for
+    assert "1 committed candidate will be trained first" in summary.stopped
+    assert len(ledger.read_rows(cfg.ledger_path)) == 2
+    assert json.loads((cfg.run_dir / "inflight.json").read_text()).get("attempts", 0) == 0
+    assert git(cfg.worktree, "status", "--porcelain") == ""
+    loop.run(cfg, resume=True, researcher=ScriptedResearcher([]))
+    rows = ledger.read_rows(cfg.ledger_path)
+    assert [(r["iteration"], r["status"]) for r in rows] == [(0, "keep"), (1, "keep"), (2, "keep")]
+    assert rows[2]["commit"] == inflight[:12]
 
 
 def test_an_interrupted_candidate_on_an_older_best_is_moved_onto_the_best(repo: Path):
