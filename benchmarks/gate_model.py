@@ -1,0 +1,113 @@
+"""Variants of the noise gate's rule in a fast model of the loop (no git, no subprocesses).
+
+gate_simulation.py measures the real loop, but at about 25 s per world it cannot compare many
+rules over many worlds. This model replays the same worlds (gate_simulation.effects) with
+the loop's bookkeeping: K baseline runs, sigma pooled over every repeat of identical code
+(decide.pooled_sigma), a best that is the mean of its runs, a health re-run of the best
+every 25 iterations, every run counted as GPU time. Printed per variant, mean over worlds:
+false keeps, missed real improvements, the true final quality, training runs, and true
+improvement per GPU-hour relative to strict.
+
+    python benchmarks/gate_model.py [--worlds 100]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+from dataclasses import dataclass
+
+from common import ROOT  # noqa: F401  (puts the repo root on sys.path)
+from gate_simulation import effects
+
+from harness.decide import pooled_sigma  # noqa: E402
+
+HEALTH_EVERY = 25
+
+
+@dataclass(frozen=True)
+class Rule:
+    gate: str = "noise"
+    z: float = 2.0
+    first: float | None = None  # standard errors a first run needs to be confirmed (default z)
+    clear: float | None = None  # standard errors above which a first run is kept unconfirmed
+    confirm: int = 1  # extra runs for a win
+    fold_health: bool = True  # health re-runs of the best count in its value (the harness does)
+    unselected_sigma: bool = False  # a candidate's first (selected) run left out of sigma
+    baseline_runs: int = 2
+
+
+def play(rule: Rule, world: list[float], sd: float, rng: random.Random) -> dict[str, float]:
+    """One night under rule; world holds each proposal's true effect (negative = better)."""
+    groups: dict[int, list[float]] = {0: [1.0 + rng.gauss(0, sd) for _ in range(rule.baseline_runs)]}
+    best_true, best_runs, best_key = 1.0, list(groups[0]), 0
+    runs, kept = rule.baseline_runs, []
+    for i, effect in enumerate(world, 1):
+        sigma = pooled_sigma(groups.values())
+        true = best_true + effect
+        best = statistics.fmean(best_runs)
+        values = [true + rng.gauss(0, sd)]
+        runs += 1
+        if rule.gate == "strict" or not sigma:
+            keep = values[0] < best
+        else:
+            t = (best - values[0]) / (sigma * math.sqrt(1 + 1 / len(best_runs)))
+            keep = False
+            if rule.clear is not None and t > rule.clear:
+                keep = True
+            elif t > (rule.z if rule.first is None else rule.first):
+                values += [true + rng.gauss(0, sd) for _ in range(rule.confirm)]
+                runs += rule.confirm
+                n = len(values)
+                keep = (best - statistics.fmean(values)) / (sigma * math.sqrt(1 / n + 1 / len(best_runs))) > rule.z
+                groups[i] = values[1:] if rule.unselected_sigma else list(values)
+        if keep:
+            kept.append(i)
+            best_true, best_runs, best_key = true, list(values), i
+        if i % HEALTH_EVERY == 0 and i < len(world):
+            rerun = best_true + rng.gauss(0, sd)
+            runs += 1
+            group = groups.setdefault(best_key, list(best_runs[1:] if rule.unselected_sigma and best_key else best_runs))
+            group.append(rerun)
+            if rule.fold_health and rule.gate == "noise":
+                best_runs.append(rerun)
+    return {"false_keeps": sum(1 for i in kept if world[i - 1] >= 0),
+            "missed_real": sum(1 for i, e in enumerate(world, 1) if e < 0 and i not in kept),
+            "true_final": best_true, "runs": runs, "gain_per_run": (1.0 - best_true) / runs}
+
+
+VARIANTS = {
+    "strict": Rule(gate="strict", baseline_runs=1),
+    "noise (the harness's rule)": Rule(),
+    "noise, health re-runs not counted": Rule(fold_health=False),
+    "noise, clear wins (> z+2) unconfirmed": Rule(clear=4.0),
+    "noise, first bar 1, 1 confirmation": Rule(first=1.0),
+    "noise, first bar 1, 3 confirmations": Rule(first=1.0, confirm=3),
+    "noise, unselected runs for sigma": Rule(unselected_sigma=True),
+    "noise, 3 baseline runs": Rule(baseline_runs=3),
+    "noise, z 1.5": Rule(z=1.5),
+    "noise, z 1": Rule(z=1.0),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--worlds", type=int, default=100)
+    parser.add_argument("--proposals", type=int, default=300)
+    parser.add_argument("--noise", type=float, default=0.005)
+    args = parser.parse_args()
+    worlds = [[e * args.noise for e in effects(args.proposals, seed)] for seed in range(args.worlds)]
+    print(f"{args.worlds} worlds of {args.proposals} proposals (gate_simulation's default world), noise sd {args.noise}")
+    print(f"{'variant':40}{'false keeps':>12}{'missed real':>12}{'true final':>11}{'runs':>7}{'gain/GPU-h vs strict':>22}")
+    base = None
+    for name, rule in VARIANTS.items():
+        nights = [play(rule, w, args.noise, random.Random(1000 * seed + 7)) for seed, w in enumerate(worlds)]
+        mean = {k: statistics.fmean(n[k] for n in nights) for k in nights[0]}
+        base = base or mean
+        print(f"{name:40}{mean['false_keeps']:>12.1f}{mean['missed_real']:>12.2f}{mean['true_final']:>11.4f}"
+              f"{mean['runs']:>7.0f}{mean['gain_per_run'] / base['gain_per_run']:>21.3f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()
