@@ -210,6 +210,7 @@ def train_interrupted(ctx: Context, state: RunState, path: Path, data: dict[str,
     """
     cfg = ctx.cfg
     cand = Candidate.from_journal(data, state.best_value)
+    cand.model = cand.model or pricing.resolve_model(cfg.model)  # journals before the model was kept
     try:
         commit = ctx.wt.resolve(data["commit"])
     except Exception:  # noqa: BLE001  (git's own error: the commit is gone)
