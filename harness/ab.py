@@ -16,6 +16,7 @@ instead of restarting it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import threading
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import events, health, ledger, loop, pricing, report
+from . import events, health, ledger, loop, pricing, recovery, report
 from .loop import Progress, no_progress
 from .agents import Researcher, make_researcher
 from .config import RunConfig, resolve
@@ -295,24 +296,27 @@ def run_ab(repo: Path, tag: str, arms: dict[str, tuple[str | None, str | None]],
     researchers = researchers or {}
     pool = {name: Arm(name, cfg, researchers.get(name) or make_researcher(cfg.agent, cfg.model, cfg.agent_options))
             for name, cfg in cfgs.items()}
-    write_setup(run_dir, tag, base, schedule, gpu_list, pool)
-    result = ABResult(tag, run_dir, schedule)
-    runner = {"interleave": run_interleaved, "sequential": run_sequential, "parallel": run_parallel}[schedule]
-    try:
-        runner(list(pool.values()), resume, progress, time.monotonic())
-    except KeyboardInterrupt:
-        result.stopped = "interrupted (Ctrl-C); continue with --resume"
-        old_handler = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not tear the cleanup
+    with contextlib.ExitStack() as held:  # one driver per A/B run and per arm
+        for folder in (run_dir, *(arm.cfg.run_dir for arm in pool.values())):
+            held.enter_context(recovery.supervisor_lock(folder))
+        write_setup(run_dir, tag, base, schedule, gpu_list, pool)
+        result = ABResult(tag, run_dir, schedule)
+        runner = {"interleave": run_interleaved, "sequential": run_sequential, "parallel": run_parallel}[schedule]
         try:
-            for arm in pool.values():
-                if arm.ctx is not None:
-                    arm.state = loop.reconcile(arm.ctx, arm.state.baseline_commit if arm.state else base,
-                                                retrain=False) or arm.state
-                    arm.stopped = arm.stopped or result.stopped
-        finally:
-            signal.signal(signal.SIGINT, old_handler)
-    for name, arm in pool.items():
-        result.summaries[name] = loop.summarize(arm.cfg, arm.state, arm.stopped or result.stopped)
-    if write_report:
-        result.report = report.build([run_dir])
-    return result
+            runner(list(pool.values()), resume, progress, time.monotonic())
+        except KeyboardInterrupt:
+            result.stopped = "interrupted (Ctrl-C); continue with --resume"
+            old_handler = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not tear the cleanup
+            try:
+                for arm in pool.values():
+                    if arm.ctx is not None:
+                        arm.state = loop.reconcile(arm.ctx, arm.state.baseline_commit if arm.state else base,
+                                                    retrain=False) or arm.state
+                        arm.stopped = arm.stopped or result.stopped
+            finally:
+                signal.signal(signal.SIGINT, old_handler)
+        for name, arm in pool.items():
+            result.summaries[name] = loop.summarize(arm.cfg, arm.state, arm.stopped or result.stopped)
+        if write_report:
+            result.report = report.build([run_dir])
+        return result

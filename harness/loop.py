@@ -352,6 +352,12 @@ def run(cfg: RunConfig, resume: bool = False, progress: Progress = no_progress,
 
     max_steps bounds the iterations of this call alone (`harness step` passes 1).
     """
+    with recovery.supervisor_lock(cfg.run_dir):
+        return _run(cfg, resume, progress, researcher, max_steps)
+
+
+def _run(cfg: RunConfig, resume: bool, progress: Progress, researcher: Researcher | None,
+         max_steps: int | None) -> Summary:
     start = time.monotonic()
     deadline = start + cfg.hours * 3600 if cfg.hours else None
     state: RunState | None = None

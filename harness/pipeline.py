@@ -21,7 +21,7 @@ import signal
 import time
 from urllib.parse import urlparse
 
-from . import events, health, loop
+from . import events, health, loop, recovery
 from .loop import Progress, no_progress
 from .agents import Researcher, make_researcher
 from .config import RunConfig
@@ -98,6 +98,12 @@ def run(cfg: RunConfig, resume: bool = False, progress: Progress = no_progress,
 
 def run_lanes(cfg: RunConfig, gpus: tuple[str, ...], pipelined_: bool, resume: bool, progress: Progress,
               researcher: Researcher) -> loop.Summary:
+    with recovery.supervisor_lock(cfg.run_dir):
+        return _run_lanes(cfg, gpus, pipelined_, resume, progress, researcher)
+
+
+def _run_lanes(cfg: RunConfig, gpus: tuple[str, ...], pipelined_: bool, resume: bool, progress: Progress,
+               researcher: Researcher) -> loop.Summary:
     start = time.monotonic()
     deadline = start + cfg.hours * 3600 if cfg.hours else None
     ctx = state = sched = None

@@ -127,6 +127,33 @@ def test_ctrl_c_during_training_then_resume(tmp_path: Path):
     assert rows[1]["commit"] == journal["commit"][:12] and rows[1]["status"] in ("keep", "discard")
 
 
+def test_a_second_supervisor_on_a_running_run_is_refused(tmp_path: Path):
+    """`harness run --resume` in another pane while the run goes on: refused, nothing disturbed."""
+    source = (ROOT / "tests/fake_train.py").read_text().replace("SLEEP_S = 0.0", "SLEEP_S = 1.0")
+    repo = make_repo(tmp_path / "r", train_source=source)
+    cmd = [sys.executable, "-m", "harness", "run", "--repo", str(repo), "--tag", "one",
+           "--agent", "mutate", "--iterations", "2", "--baseline-runs", "1", "--time-budget", "5"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = repo / "runs/one/logs/iter-0001.log"
+    deadline = time.monotonic() + 30
+    while not log.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    second = subprocess.run(cmd + ["--resume"], env=env, capture_output=True, text=True, timeout=60)
+    assert second.returncode != 0
+    assert "already being driven by another harness (pid " in " ".join(second.stderr.split())
+    out, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    rows = ledger.read_rows(repo / "runs/one/results.tsv")
+    assert [r["iteration"] for r in rows] == [0, 1, 2]  # the first run went on undisturbed
+    assert "orphan" not in " ".join(r["description"] for r in rows)
+    # Once the first has ended, --resume is welcome again.
+    again = subprocess.run(cmd[:-6] + ["--iterations", "3", "--baseline-runs", "1", "--time-budget", "5", "--resume"],
+                           env=env, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert len(ledger.read_rows(repo / "runs/one/results.tsv")) == 4
+
+
 def test_init_existing_repo_and_karpathy_checkout(tmp_path: Path):
     plain = tmp_path / "plain"
     plain.mkdir()
