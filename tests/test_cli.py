@@ -89,19 +89,25 @@ def test_refusals_say_what_to_do(tmp_path: Path, setup: str, args: list[str], me
         assert not (repo / "runs/t/results.tsv").exists() or setup == "branch"
 
 
-def test_ctrl_c_during_training_then_resume(tmp_path: Path):
-    """A real SIGINT to a real `harness run` while a candidate trains: nothing lost, HEAD at best."""
+def slow_run(tmp_path: Path, tag: str, *args: str) -> tuple[Path, list[str], dict, subprocess.Popen]:
+    """A real `harness run` on a repo whose (fake) training takes 1 s, started in the background
+    and waited for until its first candidate trains: (repo, its command line, env, process)."""
     source = (ROOT / "tests/fake_train.py").read_text().replace("SLEEP_S = 0.0", "SLEEP_S = 1.0")
     repo = make_repo(tmp_path / "r", train_source=source)
-    cmd = [sys.executable, "-m", "harness", "run", "--repo", str(repo), "--tag", "c",
-           "--agent", "mutate", "--iterations", "3", "--baseline-runs", "1"]
+    cmd = [sys.executable, "-m", "harness", "run", "--repo", str(repo), "--tag", tag, "--agent", "mutate", *args]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    log = repo / "runs/c/logs/iter-0001.log"
+    log = repo / f"runs/{tag}/logs/iter-0001.log"
     deadline = time.monotonic() + 30
     while not log.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert log.exists(), proc.communicate(timeout=10)
+    return repo, cmd, env, proc
+
+
+def test_ctrl_c_during_training_then_resume(tmp_path: Path):
+    """A real SIGINT to a real `harness run` while a candidate trains: nothing lost, HEAD at best."""
+    repo, cmd, env, proc = slow_run(tmp_path, "c", "--iterations", "3", "--baseline-runs", "1")
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     out, errtext = proc.communicate(timeout=30)
@@ -129,16 +135,8 @@ def test_ctrl_c_during_training_then_resume(tmp_path: Path):
 
 def test_a_second_supervisor_on_a_running_run_is_refused(tmp_path: Path):
     """`harness run --resume` in another pane while the run goes on: refused, nothing disturbed."""
-    source = (ROOT / "tests/fake_train.py").read_text().replace("SLEEP_S = 0.0", "SLEEP_S = 1.0")
-    repo = make_repo(tmp_path / "r", train_source=source)
-    cmd = [sys.executable, "-m", "harness", "run", "--repo", str(repo), "--tag", "one",
-           "--agent", "mutate", "--iterations", "2", "--baseline-runs", "1", "--time-budget", "5"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    log = repo / "runs/one/logs/iter-0001.log"
-    deadline = time.monotonic() + 30
-    while not log.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    repo, cmd, env, first = slow_run(tmp_path, "one", "--baseline-runs", "1", "--time-budget", "5",
+                                     "--iterations", "2")
     second = subprocess.run(cmd + ["--resume"], env=env, capture_output=True, text=True, timeout=60)
     assert second.returncode != 0
     assert "already being driven by another harness (pid " in " ".join(second.stderr.split())
@@ -148,7 +146,7 @@ def test_a_second_supervisor_on_a_running_run_is_refused(tmp_path: Path):
     assert [r["iteration"] for r in rows] == [0, 1, 2]  # the first run went on undisturbed
     assert "orphan" not in " ".join(r["description"] for r in rows)
     # Once the first has ended, --resume is welcome again.
-    again = subprocess.run(cmd[:-6] + ["--iterations", "3", "--baseline-runs", "1", "--time-budget", "5", "--resume"],
+    again = subprocess.run(cmd[:-1] + ["3", "--resume"],
                            env=env, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0, again.stderr
     assert len(ledger.read_rows(repo / "runs/one/results.tsv")) == 4
