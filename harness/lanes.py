@@ -13,19 +13,17 @@ decision time, never the best at proposal time.
 """
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
-from . import decide, health, ledger, loop, rebase
+from . import decide, health, ledger, loop
 from .loop import Progress
-from .agents import Proposal, Usage
 from .ledger import Row
-from .step import (Candidate, Context, RunState, clear_journal, commit_candidate, measure, now_iso,
-                   prepare_candidate, write_journal)
+from .step import (Candidate, Context, RunState, clear_journal, conflict_row, measure, prepare_candidate, rebased,
+                   write_journal)
 
 PROPOSAL_GRACE_S = 5.0  # s to wait on Ctrl-C for proposal threads to finish (a commit in progress)
 JOIN_POLL_S = 0.2  # s between checks of the lane threads (lets Ctrl-C through)
@@ -187,36 +185,18 @@ class Scheduler:
 
     # --- moving a candidate onto the best ------------------------------------------------
 
-    def rebased(self, ctx: Context, cand: Candidate, onto: str, iteration: int) -> Candidate | list[str]:
-        """cand's change merged onto onto and committed (as iteration), or the conflicting files."""
-        cfg = ctx.cfg
-        conflicts = rebase.merge_onto(ctx.wt, cand.commit, cand.parent, onto, cfg.editable)
-        if conflicts:
-            return conflicts
-        new = dataclasses.replace(cand, iteration=iteration, parent=onto, commit="", outcome=None,
-                                  description=f"{cand.description} (rebased onto {onto[:12]})")
-        if iteration != cand.iteration:  # a re-evaluation: the proposal's cost is on the first row
-            new.proposal = Proposal(new.description, Usage(), 0.0)
-            new.cost_usd, new.started_at, new.t0 = 0.0, now_iso(), time.monotonic()
-        if not [c for c in ctx.wt.changes() if "__pycache__/" not in c.path]:
-            new.outcome = new.row(ctx, "skip", f"{new.description} [its change is already in the best]")
-            return new
-        commit_candidate(ctx, self.state, new, trailers=f"Harness-Rebased-From: {cand.commit}\n")
-        return new
-
     def refresh(self, lane: Lane, ctx: Context, cand: Candidate) -> Candidate | None:
         """A proposal made on an older best is rebased onto the best before it trains."""
         with self.lock:
             best = self.state.best_commit
             if cand.outcome is not None or cand.parent == best:
                 return cand
-            moved = self.rebased(ctx, cand, best, cand.iteration)
+            moved = rebased(ctx, self.state, cand, best, cand.iteration)
             if isinstance(moved, Candidate):
                 if moved.commit:
                     self.journal(lane, ctx, moved)
                 return moved
-            self.record(lane, ctx, [cand.row(ctx, "invalid", f"{cand.description} [invalid: conflicts with "
-                                             f"the new best {best[:12]} after rebase: {', '.join(moved)}]")])
+            self.record(lane, ctx, [conflict_row(ctx, cand, best, moved)])
             return None
 
     # --- training and the decision ---------------------------------------------------------
@@ -237,7 +217,7 @@ class Scheduler:
             if verdict == decide.KEEP and st.best_commit != cand.parent:
                 verdict, best = decide.DISCARD, st.best_commit
                 n = self.extra_number()
-                moved = self.rebased(ctx, cand, best, n)
+                moved = rebased(ctx, st, cand, best, n)
                 won = f"beat its parent {cand.parent[:12]} ({cand.best_before:.6f}), but another lane moved the best"
                 if isinstance(moved, Candidate):
                     again = moved

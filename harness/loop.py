@@ -18,14 +18,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
-from . import __version__, decide, events, health, ledger, ledgerguard, pricing, rebase, recovery, seal
+from . import __version__, decide, events, health, ledger, ledgerguard, pricing, recovery, seal
 from .agents import Researcher, make_researcher, routing_mismatch
 from .config import RunConfig
 from .errors import RepoError
 from .gitgate import GitGate, sha256_file
 from .ledger import Row
-from .step import (INTERRUPTED, Candidate, Context, RunState, commit_candidate, evaluate, judge_candidate,
-                   memory_gb, now_iso, pending, rel, repeat_row, run_step, write_journal)
+from .step import (INTERRUPTED, Candidate, Context, RunState, conflict_row, evaluate, judge_candidate,
+                   memory_gb, now_iso, pending, rebased, rel, repeat_row, run_step, write_journal)
 
 Progress = Callable[[str, dict[str, Any]], None]
 
@@ -222,20 +222,13 @@ def train_interrupted(ctx: Context, state: RunState, path: Path, data: dict[str,
         cand.commit = commit
         ctx.wt.reset_hard(commit)
         row = None
-    else:
-        onto = state.best_commit
-        conflicts = rebase.merge_onto(ctx.wt, commit, str(data["parent"]), onto, cfg.editable)
-        cand.parent, cand.commit = onto, ""
-        cand.description = f"{cand.description} (rebased onto {onto[:12]})"
-        if conflicts:
-            row = cand.row(ctx, "invalid", f"{cand.description} [invalid: conflicts with the new best "
-                                           f"{onto[:12]} after rebase: {', '.join(conflicts)}]")
-        elif not [c for c in ctx.wt.changes() if "__pycache__/" not in c.path]:
-            row = cand.row(ctx, "skip", f"{cand.description} [its change is already in the best]")
-        elif not commit_candidate(ctx, state, cand, trailers=f"Harness-Rebased-From: {commit}\n"):
-            row = cand.outcome
+    else:  # proposed on an older best: moved onto the best first, as the lanes do
+        cand.commit, onto = commit, state.best_commit
+        moved = rebased(ctx, state, cand, onto, cand.iteration)
+        if isinstance(moved, list):
+            row = conflict_row(ctx, cand, onto, moved)
         else:
-            row = None
+            cand, row = moved, moved.outcome
     if row is not None:
         row.lane = data.get("lane")
         ctx.wt.reset_hard(state.best_commit)

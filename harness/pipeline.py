@@ -121,14 +121,13 @@ def _run_lanes(cfg: RunConfig, gpus: tuple[str, ...], pipelined_: bool, resume: 
                            "lanes": len(sched.lanes), "pipeline": pipelined_})
         stopped = sched.run()
     except KeyboardInterrupt:
-        stopped = loop.interrupted(cfg)
         if ctx is not None:
             old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not tear the cleanup
             try:
                 if sched is not None:
                     sched.shutdown()
                 state = loop.reconcile(ctx, state.baseline_commit if state else "", retrain=False) or state
-                stopped = loop.interrupted(cfg)
             finally:
                 signal.signal(signal.SIGINT, old)
+        stopped = loop.interrupted(cfg)
     return loop.summarize(cfg, state, stopped)

@@ -5,17 +5,18 @@ scheduler can later overlap a proposal with a training run.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
-from . import decide, faults, guard, ledger, pricing, prompt, seal
+from . import decide, faults, guard, ledger, pricing, prompt, rebase, seal
 from .agents import Proposal, Researcher, Task, Usage
 from .config import RunConfig
 from .gitgate import Worktree, content_hash, sha256_file
@@ -398,6 +399,30 @@ def _train_and_decide(ctx: Context, state: RunState, cand: Candidate) -> list[Ro
     else:
         ctx.wt.reset_hard(cand.parent)
     return [primary, *m.repeats]
+
+
+def rebased(ctx: Context, state: RunState, cand: Candidate, onto: str, iteration: int) -> Candidate | list[str]:
+    """cand's change merged onto the commit onto and committed (as iteration), or the files that
+    conflict. A change already in onto comes back as a `skip` (its outcome set)."""
+    conflicts = rebase.merge_onto(ctx.wt, cand.commit, cand.parent, onto, ctx.cfg.editable)
+    if conflicts:
+        return conflicts
+    new = dataclasses.replace(cand, iteration=iteration, parent=onto, commit="", outcome=None,
+                              description=f"{cand.description} (rebased onto {onto[:12]})")
+    if iteration != cand.iteration:  # a re-evaluation: the proposal's cost is on the first row
+        new.proposal = Proposal(new.description, Usage(), 0.0)
+        new.cost_usd, new.started_at, new.t0 = 0.0, now_iso(), time.monotonic()
+    if not [c for c in ctx.wt.changes() if "__pycache__/" not in c.path]:
+        new.outcome = new.row(ctx, "skip", f"{new.description} [its change is already in the best]")
+        return new
+    commit_candidate(ctx, state, new, trailers=f"Harness-Rebased-From: {cand.commit}\n")
+    return new
+
+
+def conflict_row(ctx: Context, cand: Candidate, onto: str, files: list[str]) -> Row:
+    """The `invalid` row of a candidate whose change conflicts with a newer best."""
+    return cand.row(ctx, "invalid", f"{cand.description} [invalid: conflicts with the new best "
+                                    f"{onto[:12]} after rebase: {', '.join(files)}]")
 
 
 def run_step(ctx: Context, state: RunState) -> Row:
