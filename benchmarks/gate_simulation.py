@@ -22,7 +22,7 @@ from pathlib import Path
 
 from common import ROOT, make_repo  # noqa: E402  (puts the repo root on sys.path)
 
-from harness import ledger, loop  # noqa: E402
+from harness import driver, ledger  # noqa: E402
 from harness.agents import Proposal  # noqa: E402
 from harness.config import resolve  # noqa: E402
 
@@ -76,7 +76,7 @@ def simulate(gate: str, proposals: list[float], noise: float, tmp: Path, noise_o
                                "baseline_runs": 1 if gate == "strict" else None,
                                **((noise_options or {}) if gate == "noise" else {})})
     t0 = time.monotonic()
-    loop.run(cfg, researcher=KnownEffectResearcher(proposals))
+    driver.run(cfg, researcher=KnownEffectResearcher(proposals))
     rows = ledger.read_rows(cfg.ledger_path)
     primary = {r["iteration"]: r for r in rows if r["status"] != "repeat"}
     kept = [i for i, r in primary.items() if i > 0 and r["status"] == "keep"]

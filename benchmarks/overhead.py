@@ -16,7 +16,7 @@ from pathlib import Path
 
 from common import make_repo  # noqa: E402  (puts the repo root on sys.path)
 
-from harness import ledger, loop  # noqa: E402
+from harness import driver, ledger  # noqa: E402
 from harness.agents import Proposal  # noqa: E402
 from harness.config import resolve  # noqa: E402
 
@@ -45,7 +45,7 @@ def main() -> None:
         repo = make_repo(Path(tmp) / "repo", TRAIN)
         cfg = resolve(repo, "bench", {"iterations": args.iterations})
         t0 = time.monotonic()
-        loop.run(cfg, researcher=InstantResearcher())
+        driver.run(cfg, researcher=InstantResearcher())
         total = time.monotonic() - t0
         rows = [r for r in ledger.read_rows(cfg.ledger_path) if r["iteration"] and r["status"] != "repeat"]
     overhead = [r["wall_s"] - (r["agent_s"] or 0) - (r["train_s"] or 0) for r in rows]

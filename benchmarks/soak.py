@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness import ledger, loop  # noqa: E402
+from harness import driver, ledger  # noqa: E402
 from harness.config import resolve  # noqa: E402
 
 from overhead import TRAIN, InstantResearcher, make_repo  # noqa: E402
@@ -54,7 +54,7 @@ def main() -> None:
         cfg = resolve(repo, "soak", {"iterations": args.iterations, "baseline_runs": 1,
                                      "on_unhealthy": "continue"})
         t0 = time.monotonic()
-        summary = loop.run(cfg, researcher=InstantResearcher(), progress=progress)
+        summary = driver.run(cfg, researcher=InstantResearcher(), progress=progress)
         total = time.monotonic() - t0
         rows = [r for r in ledger.read_rows(cfg.ledger_path) if r["iteration"] and r["status"] != "repeat"]
     overhead = {r["iteration"]: r["wall_s"] - (r["agent_s"] or 0) - (r["train_s"] or 0) for r in rows}

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from harness import ledger, loop  # noqa: E402
+from harness import driver, ledger  # noqa: E402
 from harness.config import resolve  # noqa: E402
 from conftest import make_repo  # noqa: E402
 from fakes.openai_server import Reply, ScriptedServer, approx_tokens, lower_value  # noqa: E402
@@ -57,7 +57,7 @@ def main() -> None:
         cfg = resolve(repo, "bench", {"agent": "openai", "model": "gpt-5.4", "iterations": args.iterations,
                                       "agent_options": {"base_url": server.url}})
         start = time.monotonic()
-        summary = loop.run(cfg)
+        summary = driver.run(cfg)
         wall_s = time.monotonic() - start
         rows = [r for r in ledger.read_rows(cfg.ledger_path)
                 if (r.get("iteration") or 0) > 0 and r.get("agent_s") is not None]

@@ -1,43 +1,36 @@
 """`harness ab`: two researcher arms from the same baseline commit, then the comparison report.
 
 Each arm is an ordinary run (its own branch `autoresearch/<tag>-<arm>`, worktree and ledger
-under runs/<tag>/<arm>/) driven iteration by iteration through loop.open_run and
-step.run_step. Schedules:
+under runs/<tag>/<arm>/) driven by the one run driver (driver.py), over one executor whose
+slots are the GPUs. Schedules:
 
-- interleave: A, B, A, B, ... so both arms see the same machine (a GPU's speed drifts over a
-  night) and get the same GPU time; the default on one GPU.
+- interleave: A, B, A, B, ... on one GPU, so both arms see the same machine (a GPU's speed
+  drifts over a night) and get the same GPU time; the default on one GPU.
 - sequential: arm A until it stops, then arm B (the classic).
-- parallel: both arms at once, one GPU each (threads; each arm's training gets its own
-  CUDA_VISIBLE_DEVICES).
+- parallel: both arms at once, one GPU each (an executor with a slot per GPU).
 
---hours is per arm and counted from the arm's ledger (the sum of its rows' wall_s), so an
-interleaved run takes about twice --hours of wall clock and --resume continues the budget
-instead of restarting it.
+--hours and --iterations are per arm. --hours is the arm's own elapsed time (the time it was
+being driven, carried across --resume), so interleaved arms, driven side by side, end together
+after about --hours of wall clock with half of the GPU each.
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import signal
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import events, health, ledger, loop, pricing, recovery, report
-from .loop import Progress, no_progress
+from . import driver, pipeline, pricing, report, runs
 from .agents import Researcher, make_researcher
 from .config import RunConfig, resolve
 from .errors import ConfigError, RepoError
 from .gitgate import GitGate
-from .step import Context, RunState, now_iso, run_step
+from .runs import Progress, no_progress
+from .step import now_iso
 
 SCHEDULES = ("interleave", "sequential", "parallel")
 ARMS = ("a", "b")
-JOIN_POLL_S = 0.5  # s between checks of the parallel arms' threads (lets Ctrl-C through)
-
-
 
 
 @dataclass
@@ -45,11 +38,6 @@ class Arm:
     name: str
     cfg: RunConfig
     researcher: Researcher | None = None
-    ctx: Context | None = None
-    state: RunState | None = None
-    stopped: str = ""
-    error: BaseException | None = None
-    monitor: health.Monitor | None = None  # health checkpoints, as in `harness run`
 
 
 @dataclass
@@ -57,9 +45,10 @@ class ABResult:
     tag: str
     run_dir: Path
     schedule: str
-    summaries: dict[str, loop.Summary] = field(default_factory=dict)
+    summaries: dict[str, runs.Summary] = field(default_factory=dict)
     report: report.Report | None = None
     stopped: str = "done"
+    interrupted: driver.Interrupted | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -135,132 +124,6 @@ def write_setup(run_dir: Path, tag: str, base: str, schedule: str, gpus: list[st
 
 
 # ---------------------------------------------------------------------------
-# Driving one arm
-
-
-def open_arm(arm: Arm, resume: bool, progress: Progress, git_lock: threading.Lock) -> None:
-    """loop.open_run for one arm. git_lock serialises the git set-up of parallel arms; it is
-    released when the baseline (or a candidate left untrained) starts training, so both arms can train at once."""
-    released = False
-
-    def tagged(event: str, data: dict[str, Any]) -> None:
-        nonlocal released
-        if event in ("baseline", "resumed") and not released:  # training: the other arm may set up
-            git_lock.release()
-            released = True
-        progress(event, {**data, "arm": arm.name})
-
-    # An arm whose branch was never made (stopped before it started) starts fresh on --resume.
-    resume_arm = resume and GitGate(arm.cfg.repo).branch_exists(arm.cfg.branch)
-    git_lock.acquire()
-    try:
-        arm.ctx, arm.state = loop.open_run(arm.cfg, resume_arm, tagged, arm.researcher)
-    finally:
-        if not released:
-            git_lock.release()
-    arm.monitor = health.Monitor(arm.ctx, arm.state, lambda e, d: progress(e, {**d, "arm": arm.name}),
-                                 events.size(arm.cfg.run_dir))
-    progress("start", {"arm": arm.name, "best": arm.state.best_value, "iteration": arm.state.iteration})
-
-
-def stop_reason(arm: Arm) -> str | None:
-    """Why this arm must not start another iteration (--iterations, --hours, a budget), or None."""
-    cfg, state = arm.cfg, arm.state
-    if cfg.iterations is not None and state.iteration >= cfg.iterations:
-        return f"reached --iterations {cfg.iterations}"
-    rows = ledger.read_rows(cfg.ledger_path)
-    if rows and rows[-1].get("status") == "budget":
-        return rows[-1].get("description") or "stopped by a budget"
-    if cfg.hours is not None:
-        walls = [r.get("wall_s") or 0.0 for r in rows if r.get("status") != "repeat"]  # repeats: inside their candidate's
-        spent_s, estimate_s = sum(walls), max(walls[-5:] or [0.0])
-        if spent_s + estimate_s > cfg.hours * 3600:
-            return f"reached --hours {cfg.hours:g} (the next iteration would not finish in time)"
-    return arm.monitor.before_iteration() or loop.stop_for_budget(arm.ctx, state, rows, state.iteration + 1)
-
-
-def step_arm(arm: Arm, progress: Progress, start: float) -> bool:
-    """One iteration of one arm; False (and arm.stopped set) when the arm is done."""
-    reason = stop_reason(arm)
-    if reason:
-        arm.stopped = reason
-        return False
-    progress("iteration", {"arm": arm.name, "iteration": arm.state.iteration + 1,
-                           "elapsed_s": time.monotonic() - start})
-    row = run_step(arm.ctx, arm.state)
-    arm.monitor.after_row(row)
-    progress("row", {"arm": arm.name, "row": row, "best": arm.state.best_value,
-                     "elapsed_s": time.monotonic() - start, "eta_s": None})
-    return True
-
-
-# ---------------------------------------------------------------------------
-# Schedules
-
-
-def run_interleaved(arms: list[Arm], resume: bool, progress: Progress, start: float) -> None:
-    lock = threading.Lock()
-    for arm in arms:
-        open_arm(arm, resume, progress, lock)
-    active = list(arms)
-    while active:
-        for arm in list(active):
-            if not step_arm(arm, progress, start):
-                active.remove(arm)
-
-
-def run_sequential(arms: list[Arm], resume: bool, progress: Progress, start: float) -> None:
-    lock = threading.Lock()
-    for arm in arms:
-        open_arm(arm, resume, progress, lock)
-        while step_arm(arm, progress, start):
-            pass
-
-
-def run_parallel(arms: list[Arm], resume: bool, progress: Progress, start: float) -> None:
-    lock, stop, emit = threading.Lock(), threading.Event(), threading.Lock()
-
-    def safe_progress(event: str, data: dict[str, Any]) -> None:
-        with emit:  # progress printers are not thread-safe
-            progress(event, data)
-
-    def work(arm: Arm) -> None:
-        try:
-            open_arm(arm, resume, safe_progress, lock)
-            while not stop.is_set() and step_arm(arm, safe_progress, start):
-                pass
-            if stop.is_set() and not arm.stopped:
-                arm.stopped = "stopped with the other arm"
-        except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
-            arm.error = e
-            stop.set()
-
-    threads = [threading.Thread(target=work, args=(arm,), name=f"arm-{arm.name}", daemon=True)
-               for arm in arms]
-    for t in threads:
-        t.start()
-    try:
-        while any(t.is_alive() for t in threads):
-            for t in threads:
-                t.join(JOIN_POLL_S)
-    except KeyboardInterrupt:
-        # The training jobs run in their own sessions: let the in-flight iterations finish.
-        # A second Ctrl-C abandons them; --resume then records them as interrupted.
-        stop.set()
-        progress("stopping", {"message": "Ctrl-C: finishing the in-flight iterations "
-                                         "(Ctrl-C again to abandon them)"})
-        for t in threads:
-            t.join()
-        raise
-    errors = [a.error for a in arms if a.error is not None]
-    interrupts = [e for e in errors if isinstance(e, KeyboardInterrupt)]
-    if interrupts:
-        raise interrupts[0]
-    if errors:
-        raise errors[0]
-
-
-# ---------------------------------------------------------------------------
 # The launcher
 
 
@@ -296,27 +159,27 @@ def run_ab(repo: Path, tag: str, arms: dict[str, tuple[str | None, str | None]],
     researchers = researchers or {}
     pool = {name: Arm(name, cfg, researchers.get(name) or make_researcher(cfg.agent, cfg.model, cfg.agent_options))
             for name, cfg in cfgs.items()}
-    with contextlib.ExitStack() as held:  # one driver per A/B run and per arm
-        for folder in (run_dir, *(arm.cfg.run_dir for arm in pool.values())):
-            held.enter_context(recovery.supervisor_lock(folder))
-        write_setup(run_dir, tag, base, schedule, gpu_list, pool)
-        result = ABResult(tag, run_dir, schedule)
-        runner = {"interleave": run_interleaved, "sequential": run_sequential, "parallel": run_parallel}[schedule]
-        try:
-            runner(list(pool.values()), resume, progress, time.monotonic())
-        except KeyboardInterrupt:
-            result.stopped = "interrupted (Ctrl-C); continue with --resume"
-            old_handler = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not tear the cleanup
-            try:
-                for arm in pool.values():
-                    if arm.ctx is not None:
-                        arm.state = loop.reconcile(arm.ctx, arm.state.baseline_commit if arm.state else base,
-                                                    retrain=False) or arm.state
-                        arm.stopped = arm.stopped or result.stopped
-            finally:
-                signal.signal(signal.SIGINT, old_handler)
-        for name, arm in pool.items():
-            result.summaries[name] = loop.summarize(arm.cfg, arm.state, arm.stopped or result.stopped)
-        if write_report:
-            result.report = report.build([run_dir])
-        return result
+    result = ABResult(tag, run_dir, schedule)
+    cancel = threading.Event()  # one stop for both arms
+    arms_ = []
+    for i, arm in enumerate(pool.values()):
+        # An arm whose branch was never made (stopped before it started) starts fresh on --resume.
+        resume_arm = resume and GitGate(arm.cfg.repo).branch_exists(arm.cfg.branch)
+        arms_.append(driver.RunDriver(arm.cfg, arm.researcher, resume_arm, driver.safe(progress), 1,
+                                      pipeline.pipelined(arm.cfg), cancel))
+    if schedule == "interleave":
+        turns = driver.Turns(len(arms_))
+        for i, r in enumerate(arms_):
+            r.turns, r.turn_index = turns, i
+    slots = tuple(gpu_list[:len(arms_)]) if schedule == "parallel" else tuple(gpu_list[:1])
+    summaries, result.interrupted = driver.run_all(
+        run_dir, repo, arms_, slots, "sequential" if schedule == "sequential" else "together",
+        locks=tuple(arm.cfg.run_dir for arm in pool.values()),
+        on_locked=lambda: write_setup(run_dir, tag, base, schedule, gpu_list, pool))
+    if result.interrupted is not None:
+        result.stopped = f"interrupted ({result.interrupted.why}); continue with --resume"
+    for name, summary in zip(pool, summaries):
+        result.summaries[name] = summary
+    if write_report:
+        result.report = report.build([run_dir])
+    return result

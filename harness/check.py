@@ -1,27 +1,28 @@
 """`harness check`: the smoke test before a night.
 
-One researcher call in a throwaway worktree (a detached `git worktree` in a temporary
-folder, removed afterwards; nothing is committed) and one baseline training run. It
+One researcher call in a throwaway worktree (a detached `git worktree` under runs/<tag>/,
+removed afterwards; nothing is committed) and one baseline training run, both under the
+run's process supervisor. It
 measures what a night costs and fails fast, with a message that says what to fix.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import git
 
-from . import pricing, prompt
+from . import pricing, prompt, supervise
 from .agents import Proposal, Task, make_researcher
 from .config import RunConfig
 from .errors import HarnessError
 from .gitgate import GitGate
-from .loop import program_text
+from .executors import train_once
 from .runner import tail
-from .step import evaluate
+from .runs import program_text
 
 
 class CheckError(HarnessError):
@@ -97,9 +98,14 @@ def run_check(cfg: RunConfig, hours: float) -> CheckReport:
     researcher = make_researcher(cfg.agent, cfg.model, options)
     gate = GitGate(cfg.repo)
     base = gate.require_commit(cfg.from_rev)
-    tmp = Path(tempfile.mkdtemp(prefix="harness-check-"))
+    tmp = cfg.run_dir / "scratch"
     worktree = tmp / "worktree"
+    shutil.rmtree(tmp, ignore_errors=True)
+    gate.prune()
+    tmp.mkdir(parents=True)
+    held = contextlib.ExitStack()
     try:
+        held.enter_context(supervise.active(cfg.run_dir))
         gate.repo.git.worktree("add", "--detach", str(worktree), base)
         text = prompt.render(program_text(cfg, gate, base), metric=cfg.metric, direction=cfg.direction,
                              best=None, rows=[], history_rows=cfg.history_rows, last_failure="",
@@ -112,19 +118,23 @@ def run_check(cfg: RunConfig, hours: float) -> CheckReport:
         changed = git.Repo(worktree).git.status("--porcelain").splitlines()
         gate.repo.git.execute(["git", "-C", str(worktree), "reset", "-q", "--hard", base])
         gate.repo.git.execute(["git", "-C", str(worktree), "clean", "-q", "-fd"])
-        result = evaluate(cfg, worktree, tmp / "train.log", cfg.seed)
+        result = train_once(cfg, worktree, tmp / "train.log", cfg.seed)
         if result.status != "ok":
             raise CheckError(f"the baseline training run failed ({result.status}: {result.reason}). "
                              f"Its log ends:\n{tail(tmp / 'train.log', 1500)}")
     except git.GitCommandError as e:
         raise CheckError(f"could not make a throwaway worktree of {cfg.repo}: {e}") from None
     finally:
+        held.close()  # nothing the check started outlives it
         try:
             gate.repo.git.worktree("remove", "--force", str(worktree))
         except git.GitCommandError:
             pass
         shutil.rmtree(tmp, ignore_errors=True)
         gate.prune()
+        for folder in (cfg.run_dir / "procs", cfg.run_dir, cfg.run_dir.parent):  # left as it was found
+            with contextlib.suppress(OSError):
+                folder.rmdir()
     usage = proposal.usage
     model = pricing.resolve_model(cfg.model)
     cost = usage.cost_usd if usage.cost_usd is not None else pricing.cost_usd(

@@ -9,7 +9,9 @@ from typing import Any
 import click
 from rich.console import Console
 
-from . import __version__, loop, pipeline as pipeline_mod, rerun as rerun_mod, status as status_mod
+import sys
+
+from . import __version__, driver, pipeline as pipeline_mod, rerun as rerun_mod, runs, status as status_mod
 from .config import resolve
 from .errors import HarnessError
 from .initrepo import init_example, init_repo
@@ -38,9 +40,9 @@ def run_options(fn):
         click.option("--model", default=None, help="Researcher model or alias (see models.toml)."),
         click.option("--time-budget", type=float, default=None, help="Seconds of training per experiment."),
         click.option("--kill-after", type=float, default=None, help="Hard deadline per training job, seconds."),
-        click.option("--max-steps", type=int, default=None, help="Stop each training job after N steps (HARNESS_MAX_STEPS)."),
+        click.option("--max-steps", type=int, default=None, help="Stop each training job after N training steps (HARNESS_MAX_STEPS)."),
         click.option("--agent-timeout", type=float, default=None, help="Hard limit per researcher call, seconds."),
-        click.option("--stall-after", type=float, default=None,
+        click.option("--stall-after", "stall_after_min", type=float, default=None,
                      help="Kill a training job with no output for this many minutes (default 20)."),
         click.option("--health-every", type=int, default=None,
                      help="Health checkpoint every N iterations (default 25; 0 = none)."),
@@ -108,7 +110,7 @@ def show_progress(event: str, data: dict[str, Any]) -> None:
         err.print(f"  [bold magenta]{data['kind']}[/]: {data['message']}")
 
 
-def print_summary(summary: loop.Summary) -> None:
+def print_summary(summary: runs.Summary) -> None:
     base, best = summary.baseline_value, summary.best_value
     gain = "" if base is None or best is None else f" ({best - base:+.6f} vs baseline {base:.6f})"
     counts = ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())) or "none"
@@ -138,8 +140,20 @@ def run(repo, tag, resume, hours, iterations, pipeline, gpus, **flags):
     """Run the autoresearch loop until --hours, --iterations, a budget cap, or Ctrl-C."""
     cfg = build_config(repo, tag, hours=hours, iterations=iterations, pipeline=pipeline,
                        gpus=pipeline_mod.parse_gpus(gpus) or None, **flags)
-    summary = pipeline_mod.run(cfg, resume=resume, progress=show_progress)
+    summary, interrupted = driver.single(cfg, make_researcher(cfg), resume, show_progress, pipeline_mod.pipelined(cfg))
     print_summary(summary)
+    exit_for(interrupted)
+
+
+def make_researcher(cfg):
+    from .agents import make_researcher as make
+    return make(cfg.agent, cfg.model, cfg.agent_options)
+
+
+def exit_for(interrupted) -> None:
+    """A run stopped by a signal exits non-zero, as the shell expects (128 + the signal)."""
+    if interrupted is not None:
+        sys.exit(128 + interrupted.signum)
 
 
 @main.command()
@@ -149,8 +163,10 @@ def step(repo, tag, resume, **flags):
     """Run exactly one iteration (setting the run up first if needed), then exit."""
     cfg = build_config(repo, tag, **flags)
     exists = cfg.run_dir.joinpath("results.tsv").exists()
-    summary = pipeline_mod.run(cfg, resume=resume or exists, progress=show_progress, max_steps=1)
+    summary, interrupted = driver.single(cfg, make_researcher(cfg), resume or exists, show_progress,
+                                         pipelined=False, steps=1)
     print_summary(summary)
+    exit_for(interrupted)
 
 
 @main.command()
@@ -262,6 +278,7 @@ def ab(repo, tag, resume, agent, model, agent_a, agent_b, model_a, model_b, sche
         print_summary(summary)
     err.print("\n" + "\n".join(result.report.summary["verdict"]["text"]))
     click.echo(result.report.markdown)
+    exit_for(result.interrupted)
 
 
 @main.command()

@@ -36,7 +36,7 @@ WORKLOAD_DEFAULTS: dict[str, Any] = {
     "agent": "mutate",
     "model": None,
     "agent_timeout": 1800,  # s, one researcher invocation
-    "stall_after": 20,  # min without training output before the job is killed
+    "stall_after_min": 20,  # min without training output before the job is killed
     "keep_ties": False,
     "seed": 42,
     "gate": "noise",  # strict: any improvement; noise: beyond the measured noise floor
@@ -49,6 +49,8 @@ WORKLOAD_DEFAULTS: dict[str, Any] = {
     "health_every": 25,  # iterations between health checkpoints; 0 = none
     "on_unhealthy": "stop",  # stop | continue, when a health checkpoint fails
 }
+
+RENAMED = {"stall_after": "stall_after_min"}
 
 TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
@@ -76,11 +78,11 @@ def _check_value(key: str, value: Any) -> Any:
     if key == "direction":
         want(value in ("minimize", "maximize"), "'minimize' or 'maximize'")
         return value
-    if key in ("time_budget", "kill_after", "agent_timeout", "stall_after"):
+    if key in ("time_budget", "kill_after", "agent_timeout", "stall_after_min"):
         if key == "kill_after" and value is None:
             return None
         want(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
-             "a positive number of seconds" if key != "stall_after" else "a positive number of minutes")
+             "a positive number of seconds" if key != "stall_after_min" else "a positive number of minutes")
         return float(value)
     if key in ("max_steps", "history_rows", "seed"):
         if key == "max_steps" and value is None:
@@ -155,7 +157,7 @@ class RunConfig:
     agent: str
     model: str | None
     agent_timeout: float  # s
-    stall_after: float  # min
+    stall_after_min: float
     keep_ties: bool
     seed: int
     gate: str
@@ -217,6 +219,9 @@ def resolve(repo: Path, tag: str, overrides: dict[str, Any]) -> RunConfig:
     if not TAG_RE.match(tag):
         raise ConfigError(f"tag {tag!r} must be letters, digits, '.', '_' or '-' (at most 63)")
     file_settings, path = read_repo_settings(repo)
+    for old, new in RENAMED.items():  # settings files written before a key got its unit in its name
+        if old in file_settings and new not in file_settings:
+            file_settings[new] = file_settings.pop(old)
     merged = dict(WORKLOAD_DEFAULTS)
     for key, value in file_settings.items():
         try:
@@ -237,6 +242,9 @@ def resolve(repo: Path, tag: str, overrides: dict[str, Any]) -> RunConfig:
         merged["kill_after"] = 2 * merged["time_budget"] + 120
     for key in ("editable", "protected"):
         merged[key] = tuple(merged[key])
+    gpus = tuple(extra.get("gpus") or ())
+    if len(set(gpus)) != len(gpus):
+        raise ConfigError(f"--gpus {','.join(gpus)} lists a GPU twice; one job per GPU, e.g. --gpus 0,1,2,3")
     overlap = set(merged["editable"]) & set(merged["protected"])
     if overlap:
         raise ConfigError(f"files cannot be both editable and protected: {sorted(overlap)}")

@@ -121,6 +121,14 @@ class GitGate:
                 except git.GitCommandError:
                     self.prune()
 
+    def remove_worktree(self, path: Path) -> None:
+        """Remove a harness-owned worktree (a slot's, a scratch one) and prune git's record of it."""
+        try:
+            self.repo.git.worktree("remove", "--force", str(path))
+        except git.GitCommandError:
+            shutil.rmtree(path, ignore_errors=True)
+        self.prune()
+
     def worktree(self, path: Path) -> "Worktree":
         return Worktree(path)
 

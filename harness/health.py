@@ -19,9 +19,8 @@ from collections import Counter
 from typing import Any, Callable
 
 from . import decide, events, ledger, ledgerguard
-from .gitgate import GitGate
 from .ledger import Row
-from .step import Context, RunState, evaluate, repeat_row
+from .step import Context, RunState, repeat_row, train
 
 FAILED = ("crash", "timeout", "invalid")
 FAILURE_RATE = 0.30  # of a checkpoint's window
@@ -145,10 +144,8 @@ class Monitor:
             return
         seed = cfg.seed + HEALTH_SEED_OFFSET + it
         log = cfg.logs_dir / f"iter-{it:04d}-health.log"
-        # A scratch worktree at the best: the run's worktrees may hold candidates meanwhile.
-        best_commit = state.best_commit
-        with GitGate(cfg.repo).scratch_worktree(best_commit) as worktree:
-            result = evaluate(cfg, worktree, log, seed)
+        best_commit = state.best_commit  # trained by commit, in an executor slot of its own
+        result = train(self.ctx, best_commit, log, seed)
         row = repeat_row(cfg, result, best.get("iteration") or 0, best_commit, seed, log,
                          self.ctx.researcher.name, cfg.model)
         recorded, value = state.best_value, result.value(cfg.metric)

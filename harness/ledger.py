@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import math
 import io
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,25 +118,44 @@ def append(path: Path, metric: str, row: Row) -> None:
     ledgerguard.append(path, buf.getvalue().encode("utf-8"), current)
 
 
+# Parsed rows of each ledger read, so a long night does not parse every row again at every read:
+# path -> (the bytes parsed, their rows). Only lines appended since are parsed.
+_PARSED: dict[str, tuple[bytes, list[dict[str, Any]]]] = {}
+_PARSED_LOCK = threading.Lock()
+
+
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """Rows as dicts with numeric columns parsed (None where empty or absent).
 
     A torn last line (no trailing newline after a crash mid-write) is ignored.
     """
-    if not Path(path).exists():
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
         return []
-    text = Path(path).read_text(encoding="utf-8")
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    elif lines:
-        lines.pop()  # torn last line: never completed
-    if not lines:
-        return []
-    header = lines[0].split("\t")
+    end = data.rfind(b"\n") + 1  # a torn last line: never completed
+    data = data[:end]
+    key = str(Path(path).resolve())
+    with _PARSED_LOCK:
+        seen, rows = _PARSED.get(key, (b"", []))
+    if not (seen and data.startswith(seen)):
+        seen, rows = b"", []
+    if len(data) > len(seen):
+        rows = rows + _parse_lines(data, len(seen))
+        with _PARSED_LOCK:
+            _PARSED[key] = (data, rows)
+    return [dict(r) for r in rows]
+
+
+def _parse_lines(data: bytes, start: int) -> list[dict[str, Any]]:
+    """The rows in data[start:] (whole lines), with the header from data's first line."""
+    header = data[:data.find(b"\n")].decode("utf-8").split("\t")
     metric = header[1] if len(header) > 1 else "metric"
+    lines = data[start:].decode("utf-8").split("\n")[:-1]
+    if start == 0:
+        lines = lines[1:]
     out = []
-    for line in lines[1:]:
+    for line in lines:
         if not line.strip():
             continue
         cells = line.split("\t")

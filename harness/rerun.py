@@ -1,14 +1,16 @@
 """`harness rerun`: train one commit K times and measure its run-to-run noise."""
 from __future__ import annotations
 
+import contextlib
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from . import supervise
 from .config import RunConfig
 from .errors import HarnessError
+from .executors import Job, LocalExecutor
 from .gitgate import GitGate
-from .step import evaluate
 
 
 @dataclass
@@ -32,7 +34,8 @@ class RerunStats:
 
 def rerun(cfg: RunConfig, rev: str, repeat: int,
           progress: Callable[[int, Any], None] = lambda i, r: None) -> RerunStats:
-    """Train rev `repeat` times on seeds seed, seed+1, ... in a scratch worktree; logs in runs/<tag>/logs."""
+    """Train rev `repeat` times on seeds seed, seed+1, ... in an executor slot under runs/<tag>/;
+    logs in runs/<tag>/logs. Every job is under the supervisor, and nothing is left on any exit."""
     if repeat < 1:
         raise HarnessError("--repeat must be at least 1")
     gate = GitGate(cfg.repo)
@@ -40,9 +43,10 @@ def rerun(cfg: RunConfig, rev: str, repeat: int,
     sha = gate.require_commit(rev)
     stats = RerunStats(sha)
     cfg.logs_dir.mkdir(parents=True, exist_ok=True)
-    with gate.scratch_worktree(sha) as worktree:
+    executor = LocalExecutor(cfg.repo, cfg.run_dir / "slots", tuple(cfg.gpus))
+    with supervise.active(cfg.run_dir), contextlib.closing(executor):
         for k in range(repeat):
-            result = evaluate(cfg, worktree, cfg.logs_dir / f"rerun-{sha[:12]}-{k}.log", cfg.seed + k)
+            result = executor.run(Job(cfg, sha, cfg.seed + k, cfg.logs_dir / f"rerun-{sha[:12]}-{k}.log"))
             if result.status == "ok":
                 stats.values.append(result.value(cfg.metric))
             else:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import faults, recovery
+from . import faults, supervise
 
 # Variables that must never reach the training job (the researcher's code runs there).
 SECRET_RE = re.compile(r"(_API_KEY|_TOKEN|_SECRET|_PASSWORD|_CREDENTIALS?)$|^(AWS_|AZURE_|GH_|GITHUB_TOKEN)", re.I)
@@ -108,21 +108,7 @@ def training_env(base: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
 
 def kill_group(proc: subprocess.Popen) -> None:
     """SIGTERM the whole process group, then SIGKILL whatever is left after a grace period."""
-    for sig, wait_s in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            continue
-        # The leader is gone; children that ignored SIGTERM may still hold the group.
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        return
+    supervise.stop(proc, TERM_GRACE_S)
 
 
 def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, metric: str,
@@ -132,20 +118,19 @@ def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, m
 
     A KeyboardInterrupt while waiting (or cancel set, from another thread) kills the job's
     process group and propagates as KeyboardInterrupt. pass_fds are inherited by the job (the
-    seal key's pipe). The group's id is kept in `<log>.pid` while it runs, so a resumed
-    supervisor can stop a job its killed predecessor left behind.
+    seal key's pipe). The job is started through the run's supervisor (supervise.py): it is on
+    disk before it runs, so a resumed supervisor can stop a job its killed predecessor left behind.
     """
     argv = shlex.split(command)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with open(log_path, "wb") as log:
         try:
-            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=pass_fds)
+            proc = supervise.spawn(f"train {log_path.name}", argv, cwd=cwd, env=env, stdout=log,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, pass_fds=pass_fds)
         except OSError as e:
             log.write(f"could not start {argv!r}: {e}\n".encode())
             return TrainResult("crash", reason=f"could not start the training command: {e}")
-        recovery.track(log_path, proc.pid)
         faults.point("during_train")  # tests: the supervisor dies while the job runs
         status, reason = None, ""
         last_size, last_change = 0, start
@@ -170,7 +155,6 @@ def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, m
                     break
         finally:
             kill_group(proc)
-            recovery.untrack(log_path)
     train_s = time.monotonic() - start
     if status == "timeout":
         return TrainResult("timeout", train_s=train_s, returncode=proc.returncode, reason=reason)

@@ -1,7 +1,7 @@
-"""One iteration: propose -> check -> commit -> train -> decide -> keep/reset -> log.
+"""One candidate: propose -> check -> commit -> train -> decide -> keep/reset -> row.
 
-propose() and evaluate() take explicit inputs (the parent commit, the worktree), so a
-scheduler can later overlap a proposal with a training run.
+Every part takes explicit inputs (the parent commit, the worktree), so the driver can overlap
+a proposal with a training run. Training goes through the run's executor, by commit.
 """
 from __future__ import annotations
 
@@ -11,17 +11,18 @@ import os
 import statistics
 import threading
 import time
+from typing import Any
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from . import decide, faults, guard, ledger, pricing, prompt, rebase, seal
 from .agents import Proposal, Researcher, Task, Usage
 from .config import RunConfig
 from .gitgate import Worktree, content_hash, sha256_file
 from .ledger import Row
-from .runner import TrainResult, run_training, tail, training_env
+from .executors import Job
+from .runner import TrainResult, tail
 
 INTERRUPTED = "interrupted"
 
@@ -38,6 +39,7 @@ class RunState:
     last_failure_log: Path | None = None
     best_runs: int = 1  # training runs behind best_value (a mean when more than one)
     sigma: float | None = None  # pooled run-to-run noise of identical code; None = unknown
+    tried_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def update_sigma(self, rows: list[dict]) -> None:
         groups = decide.repeat_groups(rows)
@@ -51,6 +53,7 @@ class Context:
     researcher: Researcher
     program_text: str
     journal: str = "inflight.json"  # this worktree's in-flight journal (lanes have one per worktree)
+    executor: Any = None  # where training runs (executors.Executor)
 
 
 def now_iso() -> str:
@@ -127,28 +130,12 @@ def preflight(ctx: Context) -> str | None:
     return None
 
 
-def evaluate(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
-             cancel: threading.Event | None = None) -> TrainResult:
-    """Train the code in worktree once under the hard deadline (cancel set = KeyboardInterrupt).
-
-    Protected files are checked (and restored) before the job and checked after it; a sealed
-    workload's figures come only from prepare.py's sealed result (guard.py, seal.py).
-    """
-    result_file = log_path.with_suffix(".result.json")
-    extra = {"HARNESS_TIME_BUDGET": f"{cfg.time_budget:g}", "HARNESS_SEED": str(seed),
-             "HARNESS_RESULT_FILE": str(result_file)}
-    if cfg.max_steps is not None:
-        extra["HARNESS_MAX_STEPS"] = str(cfg.max_steps)
-    if cfg.gpu is not None:  # an A/B arm's (or a lane's) own GPU
-        extra["CUDA_VISIBLE_DEVICES"] = cfg.gpu
-    guard.before_training(cfg.run_dir, worktree, cfg.protected, result_file)
-    with seal.channel(seal.enabled(cfg.sealed, worktree, cfg.protected)) as ch:
-        env = seal.job_env(training_env(dict(os.environ), extra), ch)
-        result = run_training(cfg.train_command, worktree, env, log_path, cfg.metric,
-                              kill_after_s=cfg.kill_after, stall_after_s=cfg.stall_after * 60, pass_fds=ch.fds,
-                              cancel=cancel)
-    result = seal.judge(result, result_file, ch.key, cfg.metric, cfg.time_budget)
-    return guard.after_training(cfg.run_dir, worktree, cfg.protected, result)
+def train(ctx: Context, commit: str, log_path: Path, seed: int, cancel: threading.Event | None = None) -> TrainResult:
+    """Train commit once on the run's executor (cancel set, or Ctrl-C while waiting = KeyboardInterrupt)."""
+    job = Job(ctx.cfg, commit, seed, log_path)
+    if cancel is not None:
+        job.cancel.follow(cancel)
+    return ctx.executor.run(job)
 
 
 def memory_gb(result: TrainResult) -> float | None:
@@ -165,8 +152,12 @@ def journal_path(cfg: RunConfig, name: str = "inflight.json") -> Path:
 
 
 def write_journal(cfg: RunConfig, data: dict, name: str = "inflight.json") -> None:
+    """Write-and-rename, fsynced: a kill leaves the old journal or the new one."""
     tmp = journal_path(cfg, name).with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
+    with open(tmp, "w") as f:
+        f.write(json.dumps(data))
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, journal_path(cfg, name))
 
 
@@ -212,6 +203,7 @@ class Candidate:
     description: str
     commit: str = ""  # empty until committed
     outcome: Row | None = None  # set when the candidate ended before training (crash/invalid/skip)
+    digest: str = ""  # content hash of the editable files, once committed
 
     def journal_entry(self, **extra: Any) -> dict[str, Any]:
         """What a resume needs to train this committed candidate, or to record it: its proposal's
@@ -285,8 +277,15 @@ def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str
     if not commit_candidate(ctx, state, cand):
         return cand
     write_journal(cfg, cand.journal_entry(), ctx.journal)
+    record_tried(cfg, cand.digest)
     faults.point("after_commit")
     return cand
+
+
+def record_tried(cfg: RunConfig, digest: str) -> None:
+    """tried.txt: written once the candidate is committed and journalled (a resume rebuilds the rest)."""
+    with open(cfg.run_dir / "tried.txt", "a") as f:
+        f.write(digest + "\n")
 
 
 def commit_candidate(ctx: Context, state: RunState, cand: Candidate, trailers: str = "") -> bool:
@@ -294,13 +293,14 @@ def commit_candidate(ctx: Context, state: RunState, cand: Candidate, trailers: s
     run, reset to cand.parent and make cand a `skip` (False)."""
     cfg = ctx.cfg
     digest = content_hash(ctx.wt.path, cfg.editable)
-    if digest in state.tried:
+    with state.tried_lock:  # two lanes with the same change: one trains it, the other skips
+        seen = digest in state.tried
+        state.tried.add(digest)
+    if seen:
         ctx.wt.reset_hard(cand.parent)
         cand.outcome = cand.row(ctx, "skip", f"{cand.description} [already evaluated in this run]")
         return False
-    state.tried.add(digest)
-    with open(cfg.run_dir / "tried.txt", "a") as f:
-        f.write(digest + "\n")
+    cand.digest = digest
     message = (f"{ledger.one_line(cand.description, 200)}\n\nHarness-Run: {cfg.tag}\n"
                f"Harness-Iteration: {cand.iteration}\nHarness-Agent: {ctx.researcher.name}\n"
                f"Harness-Model: {cand.model or '-'}\n{trailers}")
@@ -364,7 +364,7 @@ def measure(ctx: Context, state: RunState, cand: Candidate, best_runs: int, sigm
         state.last_failure_log = train_log
         return Measured("", [], [], description, None, train_log,
                         cand.row(ctx, "crash", f"{description} [{problem}]", log=train_log))
-    result = evaluate(cfg, ctx.wt.path, train_log, cfg.seed, cancel=cancel)
+    result = train(ctx, cand.commit, train_log, cfg.seed, cancel=cancel)
     if result.status != "ok":
         state.last_failure_log = train_log
         return Measured("", [], [], description, result, train_log,
@@ -375,7 +375,7 @@ def measure(ctx: Context, state: RunState, cand: Candidate, best_runs: int, sigm
     if verdict == decide.CONFIRM:
         for j in range(1, cfg.confirm + 1):
             log_j = cfg.logs_dir / f"iter-{cand.iteration:04d}-r{j}.log"
-            rerun = evaluate(cfg, ctx.wt.path, log_j, cfg.seed + j, cancel=cancel)
+            rerun = train(ctx, cand.commit, log_j, cfg.seed + j, cancel=cancel)
             repeats.append(repeat_row(cfg, rerun, cand.iteration, cand.commit, cfg.seed + j, log_j,
                                       ctx.researcher.name, cand.model))
             if rerun.status != "ok":
@@ -415,7 +415,8 @@ def rebased(ctx: Context, state: RunState, cand: Candidate, onto: str, iteration
     if not [c for c in ctx.wt.changes() if "__pycache__/" not in c.path]:
         new.outcome = new.row(ctx, "skip", f"{new.description} [its change is already in the best]")
         return new
-    commit_candidate(ctx, state, new, trailers=f"Harness-Rebased-From: {cand.commit}\n")
+    if commit_candidate(ctx, state, new, trailers=f"Harness-Rebased-From: {cand.commit}\n"):
+        record_tried(ctx.cfg, new.digest)
     return new
 
 
@@ -423,12 +424,6 @@ def conflict_row(ctx: Context, cand: Candidate, onto: str, files: list[str]) -> 
     """The `invalid` row of a candidate whose change conflicts with a newer best."""
     return cand.row(ctx, "invalid", f"{cand.description} [invalid: conflicts with the new best "
                                     f"{onto[:12]} after rebase: {', '.join(files)}]")
-
-
-def run_step(ctx: Context, state: RunState) -> Row:
-    """One whole iteration on the current best; returns its (primary) ledger row."""
-    cand = prepare_candidate(ctx, state, state.iteration + 1, state.best_commit, state.best_value)
-    return judge_candidate(ctx, state, cand)
 
 
 def repeat_row(cfg: RunConfig, result: TrainResult, candidate: int, commit: str, seed: int,

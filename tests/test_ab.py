@@ -195,18 +195,28 @@ def test_parallel_ctrl_c_stops_both_arms_and_resumes(repo: Path):
     check_report(run_dir, "a")
 
 
-def test_hours_are_per_arm_and_counted_from_the_ledger(repo: Path):
+def test_hours_are_per_arm_the_arms_own_time_carried_across_resume(repo: Path):
+    """--hours is each arm's own elapsed time: a resume with the same --hours starts nothing new."""
     source = (repo / "train.py").read_text().replace("SLEEP_S = 0.0", "SLEEP_S = 0.25")
     (repo / "train.py").write_text(source)
     git(repo, "commit", "-qam", "slower")
     order: list[str] = []
-    ab.run_ab(repo, "hr", {"a": (None, None), "b": (None, None)}, overrides={"hours": 1.6 / 3600},
-              researchers={"a": researcher(GOOD * 3, order, "a"), "b": researcher(BAD * 3, order, "b")})
+    hours = 1.6 / 3600
+    first = ab.run_ab(repo, "hr", {"a": (None, None), "b": (None, None)}, overrides={"hours": hours},
+                      researchers={"a": researcher(GOOD * 3, order, "a"), "b": researcher(BAD * 3, order, "b")},
+                      write_report=False)
+    counts = {}
     for arm in "ab":
-        rows = ledger.read_rows(repo / "runs" / "hr" / arm / "results.tsv")
-        assert sum(r["wall_s"] for r in primary(rows)) <= 1.6
-        assert len(primary(rows)) >= 2
-    assert order[:2] == ["a", "b"]
+        assert first.summaries[arm].stopped.startswith("reached --hours")
+        counts[arm] = len(ledger.read_rows(repo / "runs" / "hr" / arm / "results.tsv"))
+        elapsed_s = json.loads((repo / "runs" / "hr" / arm / "clock.json").read_text())["elapsed_s"]
+        assert 0 < elapsed_s < 60
+    assert order[:2] == ["a", "b"][:len(order[:2])]
+    again = ab.run_ab(repo, "hr", {}, resume=True, overrides={"hours": hours}, write_report=False,
+                      researchers={"a": researcher(GOOD, order, "a"), "b": researcher(BAD, order, "b")})
+    for arm in "ab":
+        assert again.summaries[arm].stopped.startswith("reached --hours")
+        assert len(ledger.read_rows(repo / "runs" / "hr" / arm / "results.tsv")) == counts[arm]
 
 
 def test_cli_ab_then_report(repo: Path):

@@ -111,12 +111,12 @@ def test_ctrl_c_during_training_then_resume(tmp_path: Path):
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     out, errtext = proc.communicate(timeout=30)
-    assert proc.returncode == 0, errtext
+    assert proc.returncode == 130, errtext  # 128 + SIGINT, as a shell expects of an interrupted command
     assert "interrupted" in errtext
     rows = ledger.read_rows(repo / "runs/c/results.tsv")
     assert [r["status"] for r in rows] == ["keep"]  # nothing decided; the candidate waits for --resume
     assert "1 committed candidate will be trained first" in " ".join(errtext.split()), errtext
-    journal = json.loads((repo / "runs/c/inflight.json").read_text())
+    journal = json.loads((repo / "runs/c/inflight-0a.json").read_text())
     assert journal["iteration"] == 1 and journal["commit"]
     wt = repo / "runs/c/worktree"
     assert git(wt, "rev-parse", "HEAD").startswith(rows[0]["commit"])

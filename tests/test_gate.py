@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import decide, ledger, loop
+from harness import decide, ledger, driver
 from harness.config import resolve
 from harness.decide import GateSettings
 
@@ -92,10 +92,10 @@ def test_reruns_of_the_best_move_the_bar_under_the_noise_gate(repo: Path, tmp_pa
     script = [neutral(i) for i in range(5)]
     options = {"gate": gate, "baseline_runs": 2, "health_every": 2}
     cfg = resolve(repo, gate, {**options, "iterations": 3})
-    loop.run(cfg, researcher=ScriptedResearcher(script[:3]))
+    driver.run(cfg, researcher=ScriptedResearcher(script[:3]))
     # The resumed run rebuilds the best's estimate from the ledger: health re-runs included.
     cfg = resolve(repo, gate, {**options, "iterations": 5})
-    loop.run(cfg, resume=True, researcher=ScriptedResearcher(script[3:]))
+    driver.run(cfg, resume=True, researcher=ScriptedResearcher(script[3:]))
     rows = ledger.read_rows(cfg.ledger_path)
     reruns = [r for r in rows if r["status"] == "repeat" and "health check" in r["description"]]
     assert len(reruns) == 2
@@ -133,7 +133,7 @@ def test_noise_gate_keeps_real_wins_not_noise(repo: Path, tmp_path: Path, monkey
     noisy(repo, tmp_path, monkeypatch)
     script = [neutral(i) for i in range(12)] + [{"VALUE": 0.95}]
     cfg = resolve(repo, gate, {"gate": gate, "baseline_runs": 3, "confirm": 2, "iterations": len(script)})
-    loop.run(cfg, researcher=ScriptedResearcher(script))
+    driver.run(cfg, researcher=ScriptedResearcher(script))
     rows = ledger.read_rows(cfg.ledger_path)
     primary = [r for r in rows if r["status"] != "repeat"]
     false_keeps = [r for r in primary[1:-1] if r["status"] == "keep"]
@@ -154,12 +154,12 @@ def test_borderline_win_is_confirmed_with_linked_rows(repo: Path, tmp_path: Path
     noisy(repo, tmp_path, monkeypatch, noise=0.01)
     cfg = resolve(repo, "b", {"baseline_runs": 3, "confirm": 2, "iterations": 1})
     # The measured baseline mean and sigma decide which value is borderline: compute it.
-    loop.run(cfg, researcher=ScriptedResearcher([]), max_steps=0)
+    driver.run(cfg, researcher=ScriptedResearcher([]), steps=0)
     rows = ledger.read_rows(cfg.ledger_path)
     base, sigma = rows[0]["mean"], rows[0]["sigma"]
     thr = decide.threshold(decide.GateSettings(), sigma, 1, 3)
     target = base - 1.5 * thr
-    loop.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": round(target, 6), "MODE": "ok"}]))
+    driver.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": round(target, 6), "MODE": "ok"}]))
     rows = ledger.read_rows(cfg.ledger_path)
     cand = [r for r in rows if r["iteration"] == 1]
     first, repeats = cand[0], cand[1:]
@@ -175,7 +175,7 @@ def test_borderline_win_is_confirmed_with_linked_rows(repo: Path, tmp_path: Path
 def test_duplicate_code_is_skipped_not_trained(repo: Path):
     cfg = resolve(repo, "d", {"baseline_runs": 1, "iterations": 3})
     # The third proposal, made on top of the second, recreates the first one's code exactly.
-    loop.run(cfg, researcher=ScriptedResearcher([{"VALUE": 1.5}, {"VALUE": 0.5}, {"VALUE": 1.5}]))
+    driver.run(cfg, researcher=ScriptedResearcher([{"VALUE": 1.5}, {"VALUE": 0.5}, {"VALUE": 1.5}]))
     rows = ledger.read_rows(cfg.ledger_path)
     assert [r["status"] for r in rows] == ["keep", "discard", "keep", "skip"]
     assert rows[-1]["train_s"] is None and "already evaluated" in rows[-1]["description"]

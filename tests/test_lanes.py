@@ -1,18 +1,19 @@
 """Lanes: one per GPU, each with its own worktrees, sharing one best and one ledger."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
-from harness import pipeline
+from harness import driver, ledger, pipeline
 from harness.agents import Proposal
 from harness.config import resolve
 from harness.errors import ConfigError
 
-from conftest import make_repo, set_globals
+from conftest import ScriptedResearcher, make_repo, set_globals
 from test_pipeline import KNOBS_TRAIN, check_run, head_watch
 
 EDITS = {1: {"A": 0.1}, 2: {"B": 0.2}, 3: {"VALUE": 1.5}, 4: {"VALUE": 2.0}}
@@ -55,7 +56,7 @@ def test_four_lanes_two_win_at_once(tmp_path: Path, monkeypatch, pipelined):
                                   "gpus": ("0", "1", "2", "3"), "pipeline": pipelined})
     researcher = BarrierResearcher()
     progress, _ = head_watch(cfg)
-    summary = pipeline.run(cfg, progress=progress, researcher=researcher)
+    summary = driver.run(cfg, progress=progress, researcher=researcher)
     rows = check_run(repo, cfg)
     by_iter = {r["iteration"]: r for r in rows}
     assert sorted(by_iter) == [0, 1, 2, 3, 4, 5]
@@ -82,11 +83,18 @@ def test_four_lanes_two_win_at_once(tmp_path: Path, monkeypatch, pipelined):
         assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
     worktrees = {str(t.worktree) for t in researcher.calls}
     assert len(worktrees) == 4 and str(cfg.worktree) not in worktrees
+    # --iterations counts proposals: the re-evaluation (5) was not one, so --iterations 5 on
+    # resume makes exactly one more.
+    more = ScriptedResearcher([{}, {}])
+    more.name, more.describe = researcher.name, researcher.describe  # the same researcher, resumed
+    driver.run(dataclasses.replace(cfg, iterations=5), resume=True, researcher=more)
+    assert len(more.calls) == 1
+    assert sorted(r["iteration"] for r in ledger.read_rows(cfg.ledger_path) if r["status"] != "repeat") == list(range(7))
 
 
 def test_gpus_listed_twice_are_refused(repo: Path):
     with pytest.raises(ConfigError, match="twice"):
-        pipeline.run(resolve(repo, "dup", {"gpus": ("0", "0"), "baseline_runs": 1}))
+        driver.run(resolve(repo, "dup", {"gpus": ("0", "0"), "baseline_runs": 1}))
 
 
 def test_cli_run_with_lanes_and_pipeline(repo: Path):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import ledger, loop
+from harness import ledger, driver
 from harness.agents import Proposal
 from harness.config import resolve
 
@@ -59,7 +59,7 @@ def test_every_status_and_git_invariants(repo: Path):
         if event == "row":
             heads.append((git(cfg.worktree, "rev-parse", "HEAD"), data["row"]))
 
-    summary = loop.run(cfg, progress=progress, researcher=researcher)
+    summary = driver.run(cfg, progress=progress, researcher=researcher)
     rows = ledger.read_rows(cfg.ledger_path)
     statuses = [r["status"] for r in rows]
     assert statuses == ["keep", "keep", "discard", "crash", "crash", "timeout", "invalid", "invalid",
@@ -98,7 +98,7 @@ def test_every_status_and_git_invariants(repo: Path):
 
 def test_commit_trailers_and_manifest(repo: Path):
     cfg = config(repo, iterations=1)
-    loop.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.5}]))
+    driver.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.5}]))
     message = git(cfg.worktree, "log", "-1", "--format=%B")
     assert message.startswith("VALUE=0.5")
     assert "Harness-Run: t1" in message and "Harness-Iteration: 1" in message
@@ -110,23 +110,23 @@ def test_commit_trailers_and_manifest(repo: Path):
 
 def test_keep_ties(repo: Path):
     strict = config(repo, "strict", iterations=1)
-    loop.run(strict, researcher=ScriptedResearcher([{"VALUE": 1.0, "SLEEP_S": 0.01}]))
+    driver.run(strict, researcher=ScriptedResearcher([{"VALUE": 1.0, "SLEEP_S": 0.01}]))
     assert ledger.read_rows(strict.ledger_path)[1]["status"] == "discard"
     ties = config(repo, "ties", iterations=1, keep_ties=True)
-    loop.run(ties, researcher=ScriptedResearcher([{"VALUE": 1.0, "SLEEP_S": 0.01}]))
+    driver.run(ties, researcher=ScriptedResearcher([{"VALUE": 1.0, "SLEEP_S": 0.01}]))
     assert ledger.read_rows(ties.ledger_path)[1]["status"] == "keep"
 
 
 def test_ctrl_c_in_researcher_then_resume(repo: Path):
     cfg = config(repo, iterations=4)
-    summary = loop.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}, KeyboardInterrupt()]))
+    summary = driver.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}, KeyboardInterrupt()]))
     assert "interrupted" in summary.stopped
     rows = ledger.read_rows(cfg.ledger_path)
     assert [r["status"] for r in rows] == ["keep", "keep"]
     assert git(cfg.worktree, "rev-parse", "HEAD").startswith(rows[1]["commit"])
     assert git(cfg.worktree, "status", "--porcelain") == ""
     # Resume continues the numbering and the best.
-    loop.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": 0.95}, {"VALUE": 0.7}, {"VALUE": 0.6}]))
+    driver.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": 0.95}, {"VALUE": 0.7}, {"VALUE": 0.6}]))
     rows = ledger.read_rows(cfg.ledger_path)
     assert [r["iteration"] for r in rows] == [0, 1, 2, 3, 4]
     assert [r["status"] for r in rows] == ["keep", "keep", "discard", "keep", "keep"]
@@ -151,9 +151,9 @@ def interrupted_candidate(cfg, value: str, sleep_s: float = 0.0, **journal) -> s
 def test_interrupted_candidate_is_trained_on_resume(repo: Path):
     """A supervisor killed during training leaves a journal; resume trains the candidate once."""
     cfg = config(repo, iterations=3)
-    loop.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}]), max_steps=1)
+    driver.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}]), steps=1)
     inflight = interrupted_candidate(cfg, "0.1")
-    loop.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": 0.85}]))
+    driver.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": 0.85}]))
     rows = ledger.read_rows(cfg.ledger_path)
     assert [(r["iteration"], r["status"]) for r in rows] == [(0, "keep"), (1, "keep"), (2, "keep"), (3, "discard")]
     resumed = rows[2]
@@ -169,12 +169,12 @@ def test_interrupted_candidate_is_trained_on_resume(repo: Path):
 @pytest.mark.parametrize("case", ["interrupted twice", "commit gone", "conflicts with the new best"])
 def test_an_interrupted_candidate_that_cannot_be_trained_is_recorded_once(repo: Path, case: str):
     cfg = config(repo, iterations=3)
-    loop.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}]), max_steps=1)
+    driver.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}]), steps=1)
     base = json.loads((cfg.run_dir / "run.json").read_text())["baseline_commit"]
     extra = {"interrupted twice": {"attempts": 1}, "commit gone": {"commit": "f" * 40},
              "conflicts with the new best": {"parent": base}}[case]  # both changed the VALUE line
     inflight = interrupted_candidate(cfg, "0.1", **extra)
-    loop.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": 0.85}]))
+    driver.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": 0.85}]))
     rows = ledger.read_rows(cfg.ledger_path)
     status = "invalid" if case.startswith("conflicts") else "crash"
     assert [(r["iteration"], r["status"]) for r in rows] == [(0, "keep"), (1, "keep"), (2, status), (3, "keep")]
@@ -189,11 +189,11 @@ def test_killed_while_training_a_resumed_candidate_records_it_once(repo: Path):
     """Killed during the resume's own training of a lane's candidate: both journals are left
     (the loop's counts the attempt); the next resume records that candidate once, as a crash."""
     cfg = config(repo, iterations=3)
-    loop.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}]), max_steps=1)
+    driver.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}]), steps=1)
     interrupted_candidate(cfg, "0.1", attempts=1)
     lane_journal = json.loads((cfg.run_dir / "inflight.json").read_text())
     (cfg.run_dir / "inflight-0a.json").write_text(json.dumps({**lane_journal, "attempts": 0, "lane": 0}))
-    loop.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": 0.85}]))
+    driver.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": 0.85}]))
     rows = ledger.read_rows(cfg.ledger_path)
     assert [(r["iteration"], r["status"]) for r in rows] == [(0, "keep"), (1, "keep"), (2, "crash"), (3, "keep")]
     assert "interrupted again" in rows[2]["description"]
@@ -203,17 +203,17 @@ def test_killed_while_training_a_resumed_candidate_records_it_once(repo: Path):
 def test_ctrl_c_while_the_resume_trains_a_waiting_candidate_keeps_it_waiting(repo: Path):
     """The user's Ctrl-C is no crash: the candidate waits for the next --resume again."""
     cfg = config(repo, iterations=2)
-    loop.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}]), max_steps=1)
+    driver.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}]), steps=1)
     inflight = interrupted_candidate(cfg, "0.1", sleep_s=3.0)
     threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
     t0 = time.monotonic()
-    summary = loop.run(cfg, resume=True, researcher=ScriptedResearcher([]))
+    summary = driver.run(cfg, resume=True, researcher=ScriptedResearcher([]))
     assert time.monotonic() - t0 < 3.0  # its training was killed, not waited for
     assert "1 committed candidate will be trained first" in summary.stopped
     assert len(ledger.read_rows(cfg.ledger_path)) == 2
     assert json.loads((cfg.run_dir / "inflight.json").read_text()).get("attempts", 0) == 0
     assert git(cfg.worktree, "status", "--porcelain") == ""
-    loop.run(cfg, resume=True, researcher=ScriptedResearcher([]))
+    driver.run(cfg, resume=True, researcher=ScriptedResearcher([]))
     rows = ledger.read_rows(cfg.ledger_path)
     assert [(r["iteration"], r["status"]) for r in rows] == [(0, "keep"), (1, "keep"), (2, "keep")]
     assert rows[2]["commit"] == inflight[:12]
@@ -222,7 +222,7 @@ def test_ctrl_c_while_the_resume_trains_a_waiting_candidate_keeps_it_waiting(rep
 def test_an_interrupted_candidate_on_an_older_best_is_moved_onto_the_best(repo: Path):
     """Two were in flight: the first was kept on resume, so the second is merged onto it, then trained."""
     cfg = config(repo, iterations=2)
-    loop.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}]), max_steps=1)
+    driver.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}]), steps=1)
     base = json.loads((cfg.run_dir / "run.json").read_text())["baseline_commit"]
     wt = cfg.worktree
     git(wt, "checkout", "-q", "--detach", base)  # the second proposal, made on the baseline
@@ -233,7 +233,7 @@ def test_an_interrupted_candidate_on_an_older_best_is_moved_onto_the_best(repo: 
     (cfg.run_dir / "inflight-0b.json").write_text(json.dumps({
         "iteration": 2, "parent": base, "started_at": "2026-01-01T00:00:00Z", "phase": "train",
         "commit": second, "description": "a comment", "lane": 0, "input_tokens": 10, "output_tokens": 5}))
-    loop.run(cfg, resume=True, researcher=ScriptedResearcher([]))
+    driver.run(cfg, resume=True, researcher=ScriptedResearcher([]))
     rows = ledger.read_rows(cfg.ledger_path)
     assert [(r["iteration"], r["status"]) for r in rows] == [(0, "keep"), (1, "keep"), (2, "discard")]
     moved = rows[2]
@@ -248,7 +248,7 @@ def test_hours_deadline_never_starts_an_iteration_that_cannot_finish(repo: Path)
     (repo / "train.py").write_text(source)
     git(repo, "commit", "-qam", "slower")
     cfg = config(repo, hours=4.0 / 3600)  # four seconds
-    summary = loop.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}] * 10))
+    summary = driver.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}] * 10))
     rows = ledger.read_rows(cfg.ledger_path)
     assert "hours" in summary.stopped
     assert 1 <= len(rows) <= 3
@@ -266,7 +266,7 @@ def test_budget_stops_with_a_budget_row(repo: Path):
         return Proposal(f"VALUE {value}", Usage(1000, 0, 100, cost_usd=0.4))
 
     cfg = config(repo, iterations=10, max_cost=1.0)
-    summary = loop.run(cfg, researcher=ScriptedResearcher([expensive] * 10))
+    summary = driver.run(cfg, researcher=ScriptedResearcher([expensive] * 10))
     rows = ledger.read_rows(cfg.ledger_path)
     assert [r["status"] for r in rows] == ["keep", "keep", "keep", "budget"]
     assert sum(r["cost_usd"] or 0 for r in rows) <= 1.0

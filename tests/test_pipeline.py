@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import ledger, pipeline
+from harness import ledger, driver, pipeline
 from harness.agents import Proposal
 from harness.config import resolve
 
@@ -80,10 +80,10 @@ def test_discarded_then_next(repo: Path):
     researcher = ScriptedResearcher([watching({"VALUE": 1.2, "SLEEP_S": 0.8}, rows_at_call),
                                      watching({"VALUE": 0.9}, rows_at_call)])
     progress, seen = head_watch(cfg)
-    summary = pipeline.run(cfg, progress=progress, researcher=researcher)
+    summary = driver.run(cfg, progress=progress, researcher=researcher)
     rows = check_run(repo, cfg)
     assert [(r["iteration"], r["status"]) for r in rows] == [(0, "keep"), (1, "discard"), (2, "keep")]
-    assert rows_at_call == [1, 1]  # 2 was proposed while 1 was still training
+    assert rows_at_call[1:] == [1]  # 2 was proposed while 1 was still training (1: while the baseline did)
     assert "iteration 1 (VALUE=1.2, SLEEP_S=0.8) is still training" in researcher.calls[1].prompt
     assert rows[2]["parent"] == rows[0]["commit"] == rows[1]["parent"]  # the right parent: 1 was discarded
     assert "rebased" not in rows[2]["description"]
@@ -97,7 +97,7 @@ def test_kept_then_rebase_applies(tmp_path: Path):
     cfg = config(repo, iterations=2)
     researcher = ScriptedResearcher([{"A": 0.1, "SLEEP_S": 0.8}, {"B": 0.2}])
     progress, _ = head_watch(cfg)
-    pipeline.run(cfg, progress=progress, researcher=researcher)
+    driver.run(cfg, progress=progress, researcher=researcher)
     rows = check_run(repo, cfg)
     assert [(r["iteration"], r["status"]) for r in rows] == [(0, "keep"), (1, "keep"), (2, "keep")]
     assert [r["metric"] for r in rows] == pytest.approx([1.0, 0.9, 0.7])
@@ -113,7 +113,7 @@ def test_kept_then_conflict_is_recorded_and_a_fresh_proposal_made(repo: Path):
     cfg = config(repo, iterations=3)
     researcher = ScriptedResearcher([{"VALUE": 0.9, "SLEEP_S": 0.8}, {"VALUE": 0.8}, {"VALUE": 0.85}])
     progress, _ = head_watch(cfg)
-    pipeline.run(cfg, progress=progress, researcher=researcher)
+    driver.run(cfg, progress=progress, researcher=researcher)
     rows = check_run(repo, cfg)
     assert [(r["iteration"], r["status"]) for r in rows] == [(0, "keep"), (1, "keep"), (2, "invalid"), (3, "keep")]
     base, c1 = rows[0]["commit"], rows[1]["commit"]
@@ -147,7 +147,7 @@ def propose_then_interrupt(task):
 def test_ctrl_c_with_a_proposal_in_flight_then_resume(repo: Path, second, waiting):
     cfg = config(repo, iterations=4)
     t0 = time.monotonic()
-    summary = pipeline.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9, "SLEEP_S": 4}, second]))
+    summary = driver.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9, "SLEEP_S": 4}, second]))
     assert time.monotonic() - t0 < 3.5  # the training job was killed, not waited for
     assert "interrupted" in summary.stopped
     # Nothing was decided, so nothing is on the ledger yet: the committed candidates wait in
@@ -159,7 +159,7 @@ def test_ctrl_c_with_a_proposal_in_flight_then_resume(repo: Path, second, waitin
     for path in (cfg.run_dir / "lanes").iterdir():
         assert "late proposal" not in git(path, "log", "-1", "--format=%s")
     # --resume trains them first, then goes on: the numbering continues, nothing is recorded twice.
-    summary = pipeline.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": 0.8}, {"VALUE": 0.95}, {"VALUE": 0.6}]))
+    summary = driver.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": 0.8}, {"VALUE": 0.95}, {"VALUE": 0.6}]))
     rows = check_run(repo, cfg)
     assert [r["iteration"] for r in rows] == list(range(5))
     assert rows[1]["status"] == "keep" and rows[1]["metric"] == pytest.approx(0.9) and rows[1]["train_s"] >= 4
@@ -184,6 +184,32 @@ def test_slot_worktrees_coming_back_to_a_newer_parent_are_not_mistaken_for_cheat
     starts: going back to the parent is the harness's move, never the researcher's."""
     cfg = config(repo, iterations=6)
     script = [{"VALUE": round(1.0 + i / 100, 2), "SLEEP_S": 0.2} for i in range(1, 7)]
-    pipeline.run(cfg, researcher=ScriptedResearcher(script))
+    driver.run(cfg, researcher=ScriptedResearcher(script))
     rows = check_run(repo, cfg)
     assert [r["status"] for r in rows] == ["keep"] + ["discard"] * 6, [r["description"] for r in rows]
+
+
+def test_the_first_proposal_is_made_while_the_baseline_trains(repo: Path):
+    """Pipelined, iteration 1 is proposed on the baseline commit while the baseline trains."""
+    cfg = config(repo, iterations=1)
+    seen: list[tuple[bool, int]] = []
+
+    def first(task):
+        procs = cfg.run_dir / "procs"
+        until = time.monotonic() + 60
+        training = False
+        while time.monotonic() < until and not training:  # the baseline's job is on disk, running
+            training = any("iter-0000" in p.read_text() for p in procs.glob("*.json") if p.stat().st_size)
+            time.sleep(0.02)
+        seen.append((training, len(ledger.read_rows(cfg.ledger_path))))
+        train = task.worktree / "train.py"
+        train.write_text(set_globals(train.read_text(), VALUE=0.9))
+        return Proposal("VALUE=0.9")
+
+    (repo / "train.py").write_text(set_globals((repo / "train.py").read_text(), SLEEP_S=1.0))
+    git(repo, "commit", "-qam", "a baseline that takes a while")
+    driver.run(cfg, researcher=ScriptedResearcher([first]))
+    assert seen == [(True, 0)]  # proposed during the baseline's training, before its row
+    rows = check_run(repo, cfg)
+    assert [(r["iteration"], r["status"]) for r in rows] == [(0, "keep"), (1, "keep")]
+    assert rows[1]["parent"] == rows[0]["commit"] and rows[1]["best_before"] == pytest.approx(1.0)

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import AgentError
-from .. import recovery
-from ..runner import kill_group
+from .. import supervise
 
 STDERR_TAIL_CHARS = 500  # chars of stderr quoted in an error message
 
@@ -55,24 +54,20 @@ def run_agent(argv: list[str], cwd: Path, timeout_s: float, log_path: Path,
     start = time.monotonic()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         try:
-            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err,
-                                    stdin=subprocess.DEVNULL if stdin_text is None else subprocess.PIPE,
-                                    start_new_session=True)
+            proc = supervise.spawn(f"researcher {log_path.name}", argv, cwd=cwd, env=env, stdout=out,
+                                   stderr=err, stdin=subprocess.DEVNULL if stdin_text is None else subprocess.PIPE)
         except OSError as e:
             result = ProcessResult("", "", None, False, time.monotonic() - start, launch_error=str(e))
             _write_log(log_path, argv, stdin_text, result)
             return result
-        recovery.track(log_path, proc.pid)  # a resumed run stops an agent its killed predecessor left
         timed_out = False
         try:
             proc.communicate(input=stdin_text.encode() if stdin_text is not None else None,
                              timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
-            kill_group(proc)
-            proc.wait()
-        finally:
-            recovery.untrack(log_path)
+        finally:  # a timeout, Ctrl-C or any error: nothing of the researcher outlives the call
+            supervise.stop(proc)
         agent_s = time.monotonic() - start
         out.seek(0)
         err.seek(0)

@@ -153,7 +153,7 @@ CHEATS = {
     "read the sealing key": (read_seal_key, "seal does not verify", "seal"),
     "take the key from the seal pipe": (steal_seal_pipe, "pipe was read before prepare.py", "seal"),
     "hide a file with .gitignore": (gitignore_hide, "hidden from git by an ignore rule", "hidden from git"),
-    "amend the baseline commit": (amend_baseline, "moved the run branch", "moved the run branch"),
+    "amend the baseline commit": (amend_baseline, "switched HEAD away", "switched HEAD away"),
     "rewrite prepare.py while training": (rewrite_prepare_at_run_time, "changed protected file",
                                           "changed protected file"),
     "a model that sees the next byte": (peek_ahead, "not causal", "not causal"),

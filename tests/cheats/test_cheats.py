@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import ledger, loop
+from harness import ledger, driver
 from harness.config import resolve
 
 from conftest import ScriptedResearcher, git
@@ -25,7 +25,7 @@ def run_cheats(repo, tag: str, policy: bool) -> dict[str, dict]:
     cfg = resolve(repo, tag, {"time_budget": TIME_BUDGET_S, "max_steps": MAX_STEPS, "kill_after": 60,
                               "baseline_runs": 1, "iterations": len(names), "policy": policy,
                               "on_unhealthy": "continue"})
-    loop.run(cfg, researcher=ScriptedResearcher([CHEATS[n][0] for n in names]))
+    driver.run(cfg, researcher=ScriptedResearcher([CHEATS[n][0] for n in names]))
     rows = ledger.read_rows(cfg.ledger_path)
     assert rows[0]["status"] == "keep" and rows[0]["sealed"] == "yes"  # the honest baseline is sealed
     wt = cfg.worktree

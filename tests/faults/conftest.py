@@ -18,7 +18,7 @@ import json, os, re, signal, subprocess, sys, time
 from pathlib import Path
 
 wt, mode = Path(sys.argv[1]), (sys.argv[2] if len(sys.argv) > 2 else "ok")
-run_dir = wt.parent
+run_dir = wt.parent.parent if wt.parent.name == "lanes" else wt.parent  # a lane's worktree, or the run's
 count_file = run_dir / "agent-count"
 n = int(count_file.read_text()) + 1 if count_file.exists() else 1
 count_file.write_text(str(n))
@@ -90,15 +90,16 @@ def candidates(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r["status"] != "repeat"]
 
 
-def assert_recovered(repo: Path, tag: str, iterations: int) -> list[dict]:
-    """Every candidate on the ledger exactly once, HEAD = best, worktree clean, nothing in flight."""
-    run_dir = repo / "runs" / tag
+def assert_recovered(repo: Path, tag: str, iterations: int, run_dir: Path | None = None) -> list[dict]:
+    """Every candidate on the ledger exactly once, HEAD = best, worktree clean, nothing in flight.
+    run_dir: an A/B arm's folder (its tag is then <ab-tag>-<arm>)."""
+    run_dir = run_dir or repo / "runs" / tag
     path = run_dir / "results.tsv"
     data = path.read_bytes()
     assert data.endswith(b"\n"), "a torn last line was left in the ledger"
     assert data == ledgerguard.shadow_path(path).read_bytes(), "ledger and the harness's copy differ"
     rows = ledger.read_rows(path)
-    assert [r["iteration"] for r in candidates(rows)] == list(range(iterations + 1)), rows
+    assert sorted(r["iteration"] for r in candidates(rows)) == list(range(iterations + 1)), rows  # lanes: any order
     assert len(data.decode().strip().split("\n")) == len(rows) + 1  # header + rows: no line unparsed
     best = ledger.best_row(rows)
     wt = run_dir / "worktree"
@@ -108,6 +109,52 @@ def assert_recovered(repo: Path, tag: str, iterations: int) -> list[dict]:
     base = json.loads((run_dir / "run.json").read_text())["baseline_commit"]
     kept = [r["commit"] for r in candidates(rows)[1:] if r["status"] == "keep"]
     assert [c[:12] for c in git(repo, "rev-list", "--reverse", f"{base}..autoresearch/{tag}").split()] == kept
-    assert not (run_dir / "inflight.json").exists()
-    assert not list((run_dir / "logs").glob("*.pid"))
+    assert not list(run_dir.glob("inflight*.json"))
+    assert not list((run_dir / "procs").glob("*.json")), "a process record outlived its process"
     return rows
+
+
+def run_processes(run_dir: Path) -> list[str]:
+    """Live processes that belong to the run: its supervisor's mark in their environment, or a
+    working directory inside the run folder. What no stop may leave behind."""
+    root = str(Path(run_dir).resolve())
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid() or not alive(int(entry)):
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+        except OSError:
+            continue
+        if f"HARNESS_SUPERVISOR={root}".encode() in environ or cwd == root or cwd.startswith(root + "/"):
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{entry}: {cmdline[:120]}")
+    return found
+
+
+def start_run(args: list[str], fault: str | None = None, command: str = "run") -> subprocess.Popen:
+    """A real `harness` subprocess in the background (own session, as in a terminal)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+    env["PYTHONPATH"] = str(ROOT)
+    if fault:
+        env["HARNESS_FAULT"] = fault
+    return subprocess.Popen([sys.executable, "-m", "harness", command, *args], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def wait_for(predicate, timeout_s: float = 60.0, what: str = "") -> None:
+    import time
+    until = time.monotonic() + timeout_s
+    while time.monotonic() < until:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def worktrees(repo: Path) -> list[str]:
+    """The worktrees git knows of, besides the user's checkout."""
+    out = git(repo, "worktree", "list", "--porcelain")
+    paths = [line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("worktree ")]
+    return sorted(p for p in paths if Path(p).resolve() != Path(repo).resolve())

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness import ledger, loop
+from harness import ledger, driver
 from harness.agents import Proposal, Usage
 from harness.config import resolve
 
@@ -23,7 +23,7 @@ def kinds(cfg) -> list[str]:
 def test_a_failure_rate_over_30_percent_stops_at_the_checkpoint_naming_the_cause(repo: Path):
     cfg = config(repo, "rate", health_every=4, iterations=10)
     script = [{"VALUE": 0.9}, {"MODE": "crash"}, {"VALUE": 0.95}, {"MODE": "crash", "VALUE": 0.8}] + [{"VALUE": 0.5}] * 6
-    summary = loop.run(cfg, researcher=ScriptedResearcher(script))
+    summary = driver.run(cfg, researcher=ScriptedResearcher(script))
     assert summary.stopped.startswith("unhealthy: 2 of the last 4 iterations failed")
     assert "most often crash" in summary.stopped and "CUDA out of memory" in summary.stopped
     rows = ledger.read_rows(cfg.ledger_path)
@@ -38,7 +38,7 @@ def test_a_failure_rate_over_30_percent_stops_at_the_checkpoint_naming_the_cause
     assert "events: 1" in out and "unhealthy: 2 of the last 4 iterations failed" in out
     # --on-unhealthy continue goes on, with the event on record
     cont = config(repo, "cont", health_every=4, iterations=6, on_unhealthy="continue")
-    summary = loop.run(cont, researcher=ScriptedResearcher(script))
+    summary = driver.run(cont, researcher=ScriptedResearcher(script))
     assert summary.stopped == "reached --iterations 6" and "unhealthy" in kinds(cont)
 
 
@@ -66,7 +66,7 @@ def test_a_best_that_no_longer_reproduces_is_flagged_as_drift(repo: Path, tmp_pa
     script = [write(DRIFTING, "drifting"), write(DRIFTING.replace("0.9", "0.95"), "worse"),
               write(DRIFTING.replace("0.9", "0.97"), "worse again", shift="0.5"), write(DRIFTING, "same")]
     cfg = config(repo, "drift", health_every=3, iterations=4)
-    loop.run(cfg, researcher=ScriptedResearcher(script))
+    driver.run(cfg, researcher=ScriptedResearcher(script))
     rows = ledger.read_rows(cfg.ledger_path)
     health = [r for r in rows if r["status"] == "repeat"]
     assert len(health) == 1 and "drift +0.500000" in health[0]["description"]
@@ -81,7 +81,7 @@ def test_a_token_spike_is_warned(repo: Path):
         return step
 
     cfg = config(repo, "tok", iterations=7)
-    loop.run(cfg, researcher=ScriptedResearcher([spend(t) for t in (100, 110, 90, 100, 105, 1000, 100)]))
+    driver.run(cfg, researcher=ScriptedResearcher([spend(t) for t in (100, 110, 90, 100, 105, 1000, 100)]))
     events = [json.loads(line) for line in (cfg.run_dir / "events.log").read_text().splitlines()]
     assert [e["iteration"] for e in events if e["kind"] == "tokens"] == [6]
 
@@ -92,7 +92,7 @@ def test_health_checks_run_under_pipelining_and_lanes(repo: Path):
 
     cfg = config(repo, "lanes", health_every=3, iterations=20, gpus=("0", "1"), pipeline=True)
     script = [{"VALUE": 0.9}] + [{"MODE": "crash", "VALUE": round(0.5 + i / 100, 2)} for i in range(19)]
-    summary = pipeline.run(cfg, researcher=ScriptedResearcher(script))
+    summary = driver.run(cfg, researcher=ScriptedResearcher(script))
     assert summary.stopped.startswith("unhealthy: "), summary.stopped
     assert "crash" in summary.stopped and "CUDA out of memory" in summary.stopped
     rows = ledger.read_rows(cfg.ledger_path)

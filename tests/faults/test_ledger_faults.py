@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import ledger, ledgerguard, loop
+from harness import ledger, ledgerguard, driver
 from harness.config import resolve
 from harness.errors import LedgerError
 from harness.ledger import Row
@@ -19,7 +19,7 @@ from .conftest import assert_recovered
 
 def test_a_full_disk_stops_the_run_with_a_clear_message_and_loses_nothing(repo: Path, monkeypatch):
     cfg = resolve(repo, "full", {"baseline_runs": 1, "iterations": 4})
-    loop.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}]), max_steps=1)
+    driver.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}]), steps=1)
     before = cfg.ledger_path.read_bytes()
     real_write = os.write
 
@@ -30,11 +30,11 @@ def test_a_full_disk_stops_the_run_with_a_clear_message_and_loses_nothing(repo: 
 
     monkeypatch.setattr(os, "write", full_disk)
     with pytest.raises(LedgerError, match="No space left on device.*Nothing recorded before was lost.*--resume"):
-        loop.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": 0.8}]))
+        driver.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": 0.8}]))
     assert cfg.ledger_path.read_bytes() == before  # no half row, nothing lost
     assert ledgerguard.shadow_path(cfg.ledger_path).read_bytes() == before
     monkeypatch.setattr(os, "write", real_write)  # space freed
-    loop.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": 0.7}, {"VALUE": 0.6}]))
+    driver.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": 0.7}, {"VALUE": 0.6}]))
     rows = assert_recovered(repo, "full", 4)
     # committed, never recorded: trained again on resume and recorded once
     assert rows[2]["status"] == "keep" and rows[2]["metric"] == pytest.approx(0.8)

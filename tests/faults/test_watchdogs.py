@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from harness import loop
+from harness import driver
 from harness.config import resolve
 
 from conftest import ScriptedResearcher, git
@@ -25,9 +25,9 @@ def test_trainers_that_hang_stall_crash_nan_or_leave_a_stubborn_child(repo: Path
     chatty = "import time\nwhile True:\n    print('step', flush=True)\n    time.sleep(0.3)\n"
     script = [{"MODE": "hang"}, lambda task: _write(task, chatty, "busy forever"), {"MODE": "stubborn_child"},
               {"MODE": "crash"}, {"MODE": "nan"}, {"VALUE": 0.9}]
-    cfg = config(repo, kill_after=4, stall_after=0.02, iterations=len(script), on_unhealthy="continue")
+    cfg = config(repo, kill_after=4, stall_after_min=0.02, iterations=len(script), on_unhealthy="continue")
     t0 = time.monotonic()
-    loop.run(cfg, researcher=ScriptedResearcher(script))
+    driver.run(cfg, researcher=ScriptedResearcher(script))
     rows = assert_recovered(repo, "w", len(script))
     assert [r["status"] for r in rows] == ["keep", "timeout", "timeout", "timeout", "crash", "crash", "keep"]
     assert "stall" in rows[1]["description"] and rows[1]["train_s"] < 4  # silent: killed long before kill_after
@@ -103,7 +103,7 @@ def test_a_researcher_that_amends_or_resets_the_branch(repo: Path, tmp_path: Pat
              "--baseline-runs", 1])
     rows = assert_recovered(repo, "b", 3)
     assert [r["status"] for r in rows] == ["keep", "invalid", "invalid", "keep"]
-    assert "moved the run branch" in rows[1]["description"]
+    assert "switched HEAD" in rows[1]["description"]  # the amend, in the lane's detached worktree
     assert "switched HEAD" in rows[2]["description"] or "moved the run branch" in rows[2]["description"]
     assert "elsewhere" not in git(repo, "branch", "--list")  # the branch it created is gone
     assert git(repo, "rev-parse", "main") == git(repo, "rev-parse", "autoresearch/b~1")

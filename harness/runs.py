@@ -1,14 +1,15 @@
-"""The supervisor: set a run up (or resume it), then iterate until the deadline, cap or budget.
+"""A run on disk: refuse, create or re-attach it; measure its baseline; rebuild its state on
+--resume (reconcile); summarize it. The driver (driver.py) schedules the iterations.
 
-All state lives on disk (the run branch, the ledger, the journal), so the supervisor can be
+All state lives on disk (the run branch, the ledger, the journals), so the supervisor can be
 killed at any point and resumed.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -18,14 +19,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
-from . import __version__, decide, events, health, ledger, ledgerguard, pricing, recovery, seal
+import git
+
+from . import __version__, decide, ledger, ledgerguard, pricing, seal
 from .agents import Researcher, make_researcher, routing_mismatch
 from .config import RunConfig
 from .errors import RepoError
 from .gitgate import GitGate, sha256_file
 from .ledger import Row
-from .step import (INTERRUPTED, Candidate, Context, RunState, conflict_row, evaluate, judge_candidate,
-                   memory_gb, now_iso, pending, rebased, rel, repeat_row, run_step, write_journal)
+from .step import (INTERRUPTED, Candidate, Context, RunState, conflict_row, judge_candidate, memory_gb,
+                   now_iso, pending, rebased, rel, repeat_row, train, write_journal)
 
 Progress = Callable[[str, dict[str, Any]], None]
 
@@ -114,7 +117,31 @@ def write_manifest(cfg: RunConfig, researcher: Researcher, base: str, program: s
         "researcher": researcher.describe(),
         "program_sha256": hashlib.sha256(program.encode()).hexdigest(),
     }
-    (cfg.run_dir / "run.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    write_json(cfg.run_dir / "run.json", manifest)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write-and-rename, fsynced: a kill leaves the old file or the new one, never half of one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(data, indent=2) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_manifest(cfg: RunConfig) -> dict[str, Any]:
+    path = cfg.run_dir / "run.json"
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise RepoError(f"{path} is unreadable ({e}). It is the run's manifest: restore it from a backup, "
+                        f"or move it aside and resume with --from <the baseline commit> --force.") from None
+    if not isinstance(data, dict):
+        raise RepoError(f"{path} is not a JSON object; restore the run's manifest or move it aside.")
+    return data
 
 
 def link_results(cfg: RunConfig) -> None:
@@ -127,26 +154,33 @@ def link_results(cfg: RunConfig) -> None:
         link.symlink_to(cfg.ledger_path.relative_to(cfg.repo))
 
 
-def baseline(ctx: Context, state_base: str, progress: Progress) -> RunState:
-    """Train the unmodified code --baseline-runs times; the spread is the first noise estimate."""
-    cfg = ctx.cfg
-    progress("baseline", {"commit": state_base, "runs": cfg.baseline_runs})
+def first_state(cfg: RunConfig, base: str, worktree: Path) -> RunState:
+    """The state before the baseline is measured: the parent of the first proposals is known."""
+    hashes = {p: sha256_file(worktree / p) for p in cfg.protected}
+    return RunState(base, base, float("nan"), 0, hashes)
+
+
+def baseline(ctx: Context, state: RunState, progress: Progress) -> None:
+    """Train the unmodified code --baseline-runs times (the spread is the first noise estimate);
+    state gets its best value and sigma."""
+    cfg, base = ctx.cfg, state.baseline_commit
+    progress("baseline", {"commit": base, "runs": cfg.baseline_runs})
     log = cfg.logs_dir / "iter-0000.log"
     started_at, t0 = now_iso(), time.monotonic()
-    result = evaluate(cfg, cfg.worktree, log, cfg.seed)
+    result = train(ctx, base, log, cfg.seed)
     model = pricing.resolve_model(cfg.model) or ""
     repeats, values = [], [result.value(cfg.metric)]
     for j in range(1, cfg.baseline_runs if result.status == "ok" else 1):
         log_j = cfg.logs_dir / f"iter-0000-r{j}.log"
-        rerun = evaluate(cfg, cfg.worktree, log_j, cfg.seed + j)
-        repeats.append(repeat_row(cfg, rerun, 0, state_base, cfg.seed + j, log_j, ctx.researcher.name, model))
+        rerun = train(ctx, base, log_j, cfg.seed + j)
+        repeats.append(repeat_row(cfg, rerun, 0, base, cfg.seed + j, log_j, ctx.researcher.name, model))
         if rerun.status != "ok":
             result, log = rerun, log_j
             break
         values.append(rerun.value(cfg.metric))
     status = "keep" if result.status == "ok" else result.status
     sigma = decide.pooled_sigma([values])
-    row = Row(commit=state_base, metric=values[0], status=status,
+    row = Row(commit=base, metric=values[0], status=status,
               description="baseline" if status == "keep" else f"baseline [{result.reason}]",
               iteration=0, arm=cfg.arm, memory_gb=memory_gb(result), agent=ctx.researcher.name,
               model=model, started_at=started_at, train_s=round(result.train_s, 3),
@@ -158,21 +192,16 @@ def baseline(ctx: Context, state_base: str, progress: Progress) -> RunState:
     if status != "keep":
         raise RepoError(f"the baseline did not produce {cfg.metric} ({result.reason}). Fix the training "
                         f"code so it runs on its own; see {log}. Then run again with --resume.")
-    hashes = {p: sha256_file(cfg.worktree / p) for p in cfg.protected}
-    return RunState(state_base, state_base, statistics.fmean(values), 0, hashes,
-                    best_runs=len(values), sigma=sigma)
+    state.best_value, state.best_runs, state.sigma = statistics.fmean(values), len(values), sigma
 
 
-def reconcile(ctx: Context, base: str, progress: Progress = no_progress, retrain: bool = True) -> RunState | None:
-    """Rebuild the state from disk and reset the worktree to the best commit.
+def reconcile(ctx: Context, base: str) -> RunState | None:
+    """Rebuild the state from disk and reset the worktree to the best commit (None: no baseline yet).
 
-    retrain: a committed candidate that an interruption left untrained is trained now, once (a
-    second interruption while it trains records it as an interrupted crash), so neither the
-    proposal nor what it cost is lost. Without retrain (the cleanup after Ctrl-C), its journal
-    stays for the next --resume.
+    Journals of committed candidates that an interruption left untrained stay: train_waiting
+    trains them on --resume; after a stop they wait for the next --resume.
     """
     cfg = ctx.cfg
-    recovery.on_resume(cfg.run_dir, cfg.logs_dir, cfg.worktree)  # jobs a killed supervisor left behind
     ledgerguard.sync(cfg.ledger_path)  # a torn last line repaired, rows changed behind our back restored
     rows = ledger.read_rows(cfg.ledger_path)
     waiting = pending(cfg.run_dir, rows)
@@ -195,10 +224,15 @@ def reconcile(ctx: Context, base: str, progress: Progress = no_progress, retrain
         best_value, best_runs = ledger.decided_value(best), best.get("runs") or 1
     state = RunState(base, best_commit, best_value, last, hashes, tried, best_runs=best_runs)
     state.update_sigma(rows)
-    if retrain:
-        for path, data in waiting:  # each journal goes only once its candidate is taken care of
-            train_interrupted(ctx, state, path, data, progress)
     return state
+
+
+def train_waiting(ctx: Context, state: RunState, progress: Progress) -> None:
+    """Train each committed candidate an interruption left untrained, in iteration order, once (a
+    second interruption while it trains records it as an interrupted crash), so neither the
+    proposal nor what it cost is lost."""
+    for path, data in pending(ctx.cfg.run_dir, ledger.read_rows(ctx.cfg.ledger_path)):
+        train_interrupted(ctx, state, path, data, progress)  # each journal goes once it is taken care of
 
 
 def train_interrupted(ctx: Context, state: RunState, path: Path, data: dict[str, Any],
@@ -211,10 +245,7 @@ def train_interrupted(ctx: Context, state: RunState, path: Path, data: dict[str,
     cfg = ctx.cfg
     cand = Candidate.from_journal(data, state.best_value)
     cand.model = cand.model or pricing.resolve_model(cfg.model)  # journals before the model was kept
-    try:
-        commit = ctx.wt.resolve(data["commit"])
-    except Exception:  # noqa: BLE001  (git's own error: the commit is gone)
-        commit = ""
+    commit = existing_commit(ctx, data["commit"])
     if data.get("attempts", 0) >= 1 or not commit:
         why = "again while it was trained on resume" if commit else "and its commit no longer exists"
         row = cand.row(ctx, "crash", f"{cand.description} [{INTERRUPTED} {why}]")
@@ -249,9 +280,23 @@ def train_interrupted(ctx: Context, state: RunState, path: Path, data: dict[str,
     progress("row", {"row": row, "best": state.best_value})
 
 
+def existing_commit(ctx: Context, commit: str) -> str:
+    """The full sha of a journal's commit, or "" when git says it is gone. Any other git error
+    (an index.lock, too many open files) is raised: the candidate waits for the next --resume."""
+    try:
+        return ctx.wt.resolve(commit)
+    except git.GitCommandError as e:
+        text = f"{e.stderr or ''} {e.stdout or ''}".lower()
+        if any(m in text for m in ("needed a single revision", "unknown revision", "bad revision",
+                                   "not a valid object", "bad object")):
+            return ""
+        raise
+
+
 def open_run(cfg: RunConfig, resume: bool, progress: Progress = no_progress,
-             researcher: Researcher | None = None) -> tuple[Context, RunState]:
-    """Refuse, create or re-attach the run's worktree, and measure the baseline if needed."""
+             researcher: Researcher | None = None, executor: Any = None) -> tuple[Context, RunState | None]:
+    """Refuse, create or re-attach the run's worktree. The state is None until the baseline is
+    measured (runs.baseline); on --resume, reconcile rebuilds it (without training anything)."""
     gate = GitGate(cfg.repo)
     base = preflight_repo(cfg, gate, resume)
     researcher = researcher or make_researcher(cfg.agent, cfg.model, cfg.agent_options)
@@ -259,7 +304,7 @@ def open_run(cfg: RunConfig, resume: bool, progress: Progress = no_progress,
     cfg.logs_dir.mkdir(parents=True, exist_ok=True)
     if resume:
         gate.attach_worktree(cfg.worktree, cfg.branch)
-        manifest = json.loads((cfg.run_dir / "run.json").read_text()) if (cfg.run_dir / "run.json").exists() else {}
+        manifest = read_manifest(cfg)
         base = manifest.get("baseline_commit", base)
         changed = routing_mismatch(manifest, researcher.name, pricing.resolve_model(cfg.model),
                                    researcher.describe())
@@ -274,15 +319,13 @@ def open_run(cfg: RunConfig, resume: bool, progress: Progress = no_progress,
     if not resume:
         write_manifest(cfg, researcher, base, program)
     link_results(cfg)
-    ctx = Context(cfg, gate.worktree(cfg.worktree), researcher, program)
-    state = reconcile(ctx, base, progress) if resume else None
-    if state is None:
-        state = baseline(ctx, base, progress)
+    ctx = Context(cfg, gate.worktree(cfg.worktree), researcher, program, executor=executor)
+    state = reconcile(ctx, base) if resume else None
     return ctx, state
 
 
 # ---------------------------------------------------------------------------
-# The loop
+# The summary
 
 
 def summarize(cfg: RunConfig, state: RunState | None, stopped: str) -> Summary:
@@ -306,105 +349,8 @@ def summarize(cfg: RunConfig, state: RunState | None, stopped: str) -> Summary:
         stopped=stopped)
 
 
-def budget_reason(cfg: RunConfig, rows: list[dict[str, Any]], in_flight: int = 0) -> str | None:
-    """Would the next iteration, at the mean spend so far, go past --max-tokens or --max-cost?
-
-    in_flight: proposals already spending but not yet on the ledger (pipelining, lanes).
-    """
-    done = [r for r in rows if (r.get("iteration") or 0) > 0 and r.get("agent_s") is not None]
-    if not done or (cfg.max_tokens is None and cfg.max_cost is None):
-        return None
-    tokens = [(r.get("input_tokens") or 0) + (r.get("output_tokens") or 0) for r in done]
-    if cfg.max_tokens is not None and sum(tokens) + (1 + in_flight) * sum(tokens) / len(tokens) > cfg.max_tokens:
-        return f"the next iteration would pass --max-tokens {cfg.max_tokens} (spent {sum(tokens)})"
-    if cfg.max_cost is not None and any(r.get("cost_usd") is None and t for r, t in zip(done, tokens)):
-        return (f"--max-cost {cfg.max_cost:g} cannot be enforced: model {cfg.model or '?'} has no price "
-                f"(add one with --prices FILE)")
-    costs = [r.get("cost_usd") or 0.0 for r in done]
-    if cfg.max_cost is not None and sum(costs) + (1 + in_flight) * sum(costs) / len(costs) > cfg.max_cost:
-        return f"the next iteration would pass --max-cost {cfg.max_cost:g} USD (spent {sum(costs):.4f})"
-    return None
-
-
-def stop_for_budget(ctx: Context, state: RunState, rows: list[dict[str, Any]], iteration: int,
-                    in_flight: int = 0) -> str | None:
-    """When the next iteration would pass --max-tokens/--max-cost: the final `budget` row, and why."""
-    cfg = ctx.cfg
-    reason = budget_reason(cfg, rows, in_flight=in_flight)
-    if reason:
-        ledger.append(cfg.ledger_path, cfg.metric, Row(
-            commit=state.best_commit, metric=None, status="budget", iteration=iteration, arm=cfg.arm,
-            description=f"stopped: {reason}", agent=ctx.researcher.name,
-            model=pricing.resolve_model(cfg.model) or "", started_at=now_iso()))
-    return reason
-
-
-def run(cfg: RunConfig, resume: bool = False, progress: Progress = no_progress,
-        researcher: Researcher | None = None, max_steps: int | None = None) -> Summary:
-    """Run iterations until --hours, --iterations, a budget cap, or Ctrl-C.
-
-    max_steps bounds the iterations of this call alone (`harness step` passes 1).
-    """
-    with recovery.supervisor_lock(cfg.run_dir):
-        return _run(cfg, resume, progress, researcher, max_steps)
-
-
-def _run(cfg: RunConfig, resume: bool, progress: Progress, researcher: Researcher | None,
-         max_steps: int | None) -> Summary:
-    start = time.monotonic()
-    deadline = start + cfg.hours * 3600 if cfg.hours else None
-    state: RunState | None = None
-    ctx: Context | None = None
-    stopped = "done"
-    events_from = events.size(cfg.run_dir)
-    try:
-        ctx, state = open_run(cfg, resume, progress, researcher)
-        progress("start", {"best": state.best_value, "iteration": state.iteration})
-        monitor = health.Monitor(ctx, state, progress, events_from)
-        walls: list[float] = []
-        steps = 0
-        while True:
-            if cfg.iterations is not None and state.iteration >= cfg.iterations:
-                stopped = f"reached --iterations {cfg.iterations}"
-                break
-            if max_steps is not None and steps >= max_steps:
-                stopped = "step done"
-                break
-            unhealthy = monitor.before_iteration()
-            if unhealthy:
-                stopped = unhealthy
-                break
-            rows = ledger.read_rows(cfg.ledger_path)
-            if deadline is not None:
-                estimate = max(walls[-5:]) if walls else (rows[0].get("wall_s") or 0) if rows else 0
-                if time.monotonic() + estimate > deadline:
-                    stopped = f"reached --hours {cfg.hours:g} (the next iteration would not finish in time)"
-                    break
-            reason = stop_for_budget(ctx, state, rows, state.iteration + 1)
-            if reason:
-                stopped = reason
-                break
-            progress("iteration", {"iteration": state.iteration + 1, "elapsed_s": time.monotonic() - start})
-            row = run_step(ctx, state)
-            walls.append(row.wall_s or 0.0)
-            monitor.after_row(row)
-            steps += 1
-            eta = (deadline - time.monotonic()) if deadline else None
-            progress("row", {"row": row, "best": state.best_value, "elapsed_s": time.monotonic() - start,
-                             "eta_s": eta})
-    except KeyboardInterrupt:
-        if ctx is not None:
-            old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not tear the cleanup
-            try:
-                state = reconcile(ctx, state.baseline_commit if state else "", retrain=False) or state
-            finally:
-                signal.signal(signal.SIGINT, old)
-        stopped = interrupted(cfg)
-    return summarize(cfg, state, stopped)
-
-
-def interrupted(cfg: RunConfig) -> str:
-    """Why the run stopped after Ctrl-C, and what --resume will do first."""
+def interrupted(cfg: RunConfig, why: str = "Ctrl-C") -> str:
+    """Why the run stopped after a signal, and what --resume will do first."""
     waiting = len(pending(cfg.run_dir, ledger.read_rows(cfg.ledger_path)))
     first = f" ({waiting} committed candidate{'s' if waiting > 1 else ''} will be trained first)" if waiting else ""
-    return f"interrupted (Ctrl-C); continue with --resume{first}"
+    return f"interrupted ({why}); continue with --resume{first}"

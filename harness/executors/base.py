@@ -1,0 +1,75 @@
+"""The executor interface: submit(job) -> future, in the shape of concurrent.futures.
+
+A Job names a commit, not a path, so the same candidate can train on this machine or on a
+cluster node. The future's result() is a TrainResult; cancel() stops a job that waits for a
+slot or is running (its process group is killed); a cancelled running job's result() raises
+KeyboardInterrupt, as an interrupted training does.
+"""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from ..config import RunConfig
+from ..runner import TrainResult
+
+
+class Cancel:
+    """A job's cancel flag: set by the job's own future, or by any event it follows (the run's stop)."""
+
+    def __init__(self) -> None:
+        self.own = threading.Event()
+        self.parents: list[threading.Event] = []
+
+    def follow(self, event: threading.Event) -> None:
+        self.parents.append(event)
+
+    def set(self) -> None:
+        self.own.set()
+
+    def is_set(self) -> bool:
+        return self.own.is_set() or any(e.is_set() for e in self.parents)
+
+
+@dataclass
+class Job:
+    cfg: RunConfig  # how the run trains: command, metric, budget, deadline, protected files
+    commit: str  # what to train
+    seed: int
+    log_path: Path  # the job's whole output
+    cancel: Cancel = field(default_factory=Cancel)
+
+    @property
+    def name(self) -> str:
+        return self.log_path.stem
+
+
+class JobFuture(Future):
+    """A Future[TrainResult] whose cancel() also stops a running job."""
+
+    def __init__(self, job: Job):
+        super().__init__()
+        self.job = job
+
+    def cancel(self) -> bool:
+        self.job.cancel.set()
+        return super().cancel()
+
+
+class Executor(Protocol):
+    def slots(self) -> int:
+        """How many jobs can run at once."""
+        ...
+
+    def submit(self, job: Job) -> JobFuture: ...
+
+    def run(self, job: Job) -> TrainResult:
+        """submit(job).result(); a KeyboardInterrupt while waiting cancels the job."""
+        ...
+
+    def close(self) -> None:
+        """Cancel every job, wait for them to be gone, release what the executor holds."""
+        ...

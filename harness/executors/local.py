@@ -1,0 +1,162 @@
+"""The local executor: jobs on this machine, one slot per listed GPU (or one, on the inherited GPU).
+
+Each slot has its own detached worktree under `runs/<tag>/slots/<i>`, where the job's commit
+is materialised (reset --hard and clean) before it trains, so a researcher can keep editing
+its own worktree meanwhile. Slots are handed out first come, first served: two A/B arms on one
+GPU alternate. Training itself (`train_once`): protected files checked and restored before and
+checked after, the seal channel, the process under the run's supervisor and the hard deadline.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import guard, seal
+from ..config import RunConfig
+from ..gitgate import GitGate, Worktree
+from ..runner import TrainResult, run_training, training_env
+from .base import Job, JobFuture
+
+
+def train_once(cfg: RunConfig, worktree: Path, log_path: Path, seed: int, gpu: str | None = None,
+               cancel: threading.Event | None = None) -> TrainResult:
+    """Train the code in worktree once under the hard deadline (cancel set = KeyboardInterrupt).
+
+    Protected files are checked (and restored) before the job and checked after it; a sealed
+    workload's figures come only from prepare.py's sealed result (guard.py, seal.py).
+    """
+    result_file = log_path.with_suffix(".result.json")
+    extra = {"HARNESS_TIME_BUDGET": f"{cfg.time_budget:g}", "HARNESS_SEED": str(seed),
+             "HARNESS_RESULT_FILE": str(result_file)}
+    if cfg.max_steps is not None:
+        extra["HARNESS_MAX_STEPS"] = str(cfg.max_steps)
+    if gpu is not None:  # the slot's GPU
+        extra["CUDA_VISIBLE_DEVICES"] = gpu
+    guard.before_training(cfg.run_dir, worktree, cfg.protected, result_file)
+    with seal.channel(seal.enabled(cfg.sealed, worktree, cfg.protected)) as ch:
+        env = seal.job_env(training_env(dict(os.environ), extra), ch)
+        result = run_training(cfg.train_command, worktree, env, log_path, cfg.metric,
+                              kill_after_s=cfg.kill_after, stall_after_s=cfg.stall_after_min * 60,
+                              pass_fds=ch.fds, cancel=cancel)
+    result = seal.judge(result, result_file, ch.key, cfg.metric, cfg.time_budget)
+    return guard.after_training(cfg.run_dir, worktree, cfg.protected, result)
+
+
+@dataclass
+class Slot:
+    index: int
+    gpu: str | None
+    path: Path
+    worktree: Worktree | None = None
+
+
+class LocalExecutor:
+    def __init__(self, repo: Path, root: Path, gpus: tuple[str, ...] = ()):
+        self.gate = GitGate(repo)
+        self.root = Path(root)
+        self.free = [Slot(i, gpu, self.root / str(i)) for i, gpu in enumerate(gpus or (None,))]
+        self.all = list(self.free)
+        self.count = len(self.free)
+        self._remove_leftovers()
+        self.waiting: collections.deque[JobFuture] = collections.deque()
+        self.running: set[JobFuture] = set()
+        self.cond = threading.Condition()
+        self.git_lock = threading.Lock()  # worktree add/prune of two slots at once would race
+        self.threads: list[threading.Thread] = []
+        self.closed = False
+
+    def slots(self) -> int:
+        return self.count
+
+    def submit(self, job: Job) -> JobFuture:
+        future = JobFuture(job)
+        with self.cond:
+            if self.closed:
+                future.set_exception(KeyboardInterrupt("the executor is closed"))
+                return future
+            self.waiting.append(future)
+        thread = threading.Thread(target=self._work, args=(future,), name=f"job-{job.name}", daemon=True)
+        self.threads = [t for t in self.threads if t.is_alive()] + [thread]
+        thread.start()
+        return future
+
+    def run(self, job: Job) -> TrainResult:
+        future = self.submit(job)
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            future.cancel()
+            raise
+
+    def _take(self, future: JobFuture) -> Slot | None:
+        """Wait until future is first in line and a slot is free; None when it was cancelled."""
+        with self.cond:
+            while True:
+                if future.job.cancel.is_set() or self.closed:
+                    self.waiting.remove(future)
+                    self.cond.notify_all()
+                    return None
+                if self.free and self.waiting[0] is future:
+                    self.waiting.popleft()
+                    self.running.add(future)
+                    self.cond.notify_all()
+                    return self.free.pop(0)
+                self.cond.wait(0.2)
+
+    def _give(self, future: JobFuture, slot: Slot) -> None:
+        with self.cond:
+            self.running.discard(future)
+            self.free.append(slot)
+            self.free.sort(key=lambda s: s.index)
+            self.cond.notify_all()
+
+    def _work(self, future: JobFuture) -> None:
+        slot = self._take(future)
+        if slot is None:  # cancelled while it waited for a slot
+            if future.set_running_or_notify_cancel():
+                future.set_exception(KeyboardInterrupt("training cancelled"))
+            return
+        if not future.set_running_or_notify_cancel():
+            self._give(future, slot)
+            return
+        try:
+            job = future.job
+            wt = self._materialise(slot, job.commit)
+            job.log_path.parent.mkdir(parents=True, exist_ok=True)
+            future.set_result(train_once(job.cfg, wt.path, job.log_path, job.seed, slot.gpu, job.cancel))
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
+            future.set_exception(e)
+        finally:
+            self._give(future, slot)
+
+    def _materialise(self, slot: Slot, commit: str) -> Worktree:
+        with self.git_lock:
+            if slot.worktree is None:
+                slot.worktree = self.gate.detached_worktree(slot.path, commit)
+            else:
+                slot.worktree.reset_hard(commit)
+        return slot.worktree
+
+    def close(self) -> None:
+        """Cancel every job (running ones are killed), wait for them, remove the slots' worktrees."""
+        with self.cond:
+            self.closed = True
+            for f in [*self.waiting, *self.running]:
+                f.job.cancel.set()
+            self.cond.notify_all()
+        for t in self.threads:
+            t.join()
+        with self.git_lock:
+            for slot in self.all:
+                slot.worktree = None
+            self._remove_leftovers()
+
+    def _remove_leftovers(self) -> None:
+        """Slot worktrees of this executor, or of a supervisor that was killed: removed, pruned."""
+        if self.root.exists():
+            for path in sorted(self.root.iterdir()):
+                self.gate.remove_worktree(path)
+            self.gate.prune()

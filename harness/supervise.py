@@ -1,0 +1,277 @@
+"""One supervisor for every child process of a run: training jobs, researcher CLIs, re-runs.
+
+Every child is started through `spawn`, which
+- writes a record under `runs/<tag>/procs/` (write-and-rename, fsynced) BEFORE the process exists,
+- starts the process in its own session (process group) with two variables in its environment:
+  `HARNESS_PROC` (the record's token) and `HARNESS_SUPERVISOR` (the run folder), which every
+  descendant inherits, so a child is findable in /proc from the moment it is exec'd, even if the
+  supervisor dies before it learns the pid,
+- and `stop` kills the whole group (SIGTERM, then SIGKILL after a grace period) plus any
+  descendant that left the group (setsid) but still carries the token; the record is removed only
+  once nothing of it is alive.
+
+`reap(run_dir)` - on --resume and on the way out - stops every process that belongs to the run
+(by record, by token, or by `HARNESS_SUPERVISOR` in its environment) and was not started by this
+supervisor process, wherever in the run it worked (worktrees, lanes, scratch folders).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+TOKEN_VAR = "HARNESS_PROC"
+RUN_VAR = "HARNESS_SUPERVISOR"
+OWNER_VAR = "HARNESS_SUPERVISOR_PID"
+TERM_GRACE_S = 5.0  # s between SIGTERM and SIGKILL
+KILL_WAIT_S = 5.0  # s to wait for SIGKILLed processes to disappear
+POLL_S = 0.05
+
+
+# ---------------------------------------------------------------------------
+# /proc
+
+
+def _processes() -> Iterator[int]:
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return
+    for entry in entries:
+        if entry.isdigit():
+            yield int(entry)
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, pgid) of a process, or None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
+    return (fields[0], int(fields[2])) if len(fields) > 2 else None
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    out = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key in (TOKEN_VAR.encode(), RUN_VAR.encode(), OWNER_VAR.encode()):
+            out[key.decode()] = value.decode(errors="replace")
+    return out
+
+
+def alive(pid: int) -> bool:
+    st = _stat(pid)
+    return st is not None and st[0] != "Z"
+
+
+def members(pgid: int | None = None, token: str | None = None, run_dir: str | None = None,
+            not_owner: int | None = None) -> list[int]:
+    """Live processes in group pgid, or carrying token, or belonging to run_dir (and not to the
+    supervisor not_owner)."""
+    me = os.getpid()
+    found = []
+    for pid in _processes():
+        if pid == me:
+            continue
+        st = _stat(pid)
+        if st is None or st[0] == "Z":
+            continue
+        if pgid is not None and st[1] == pgid:
+            found.append(pid)
+            continue
+        if token is None and run_dir is None:
+            continue
+        env = _environ(pid)
+        if token is not None and env.get(TOKEN_VAR) == token:
+            found.append(pid)
+        elif run_dir is not None and env.get(RUN_VAR) == run_dir and env.get(OWNER_VAR) != str(not_owner):
+            found.append(pid)
+    return found
+
+
+def _kill_all(pids_fn, grace_s: float) -> int:
+    """SIGTERM what pids_fn() finds, wait up to grace_s, then SIGKILL what is left; how many it found."""
+    first = pids_fn()
+    if not first:
+        return 0
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, KILL_WAIT_S)):
+        pids = pids_fn()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        until = time.monotonic() + wait_s
+        while time.monotonic() < until and pids_fn():
+            time.sleep(POLL_S)
+        if not pids_fn():
+            break
+    return len(first)
+
+
+def kill(proc: subprocess.Popen, grace_s: float = TERM_GRACE_S) -> None:
+    """SIGTERM proc's group, SIGKILL after grace_s; then whatever of its group or token is left."""
+    token = getattr(proc, "harness_token", None)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    if proc.poll() is None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace_s)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # the leader is gone: children that ignored SIGTERM
+    _kill_all(lambda: members(pgid=proc.pid, token=token), grace_s=0.5)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=KILL_WAIT_S)
+
+
+# ---------------------------------------------------------------------------
+# Records
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class Supervisor:
+    """The children of one run (or one A/B comparison): started, tracked on disk, stopped."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir).resolve()
+        self.dir = self.run_dir / "procs"
+        self.lock = threading.Lock()
+        self.live: dict[str, subprocess.Popen] = {}  # token -> process
+        self.closed = False
+
+    def env(self, env: dict[str, str] | None, token: str) -> dict[str, str]:
+        out = dict(os.environ if env is None else env)
+        out.update({TOKEN_VAR: token, RUN_VAR: str(self.run_dir), OWNER_VAR: str(os.getpid())})
+        return out
+
+    def spawn(self, name: str, argv: list[str], **popen: Any) -> subprocess.Popen:
+        """Popen(argv) in its own session, recorded on disk before it starts. Raises OSError as Popen does."""
+        token = uuid.uuid4().hex
+        self.dir.mkdir(parents=True, exist_ok=True)
+        record = self.dir / f"{token}.json"
+        data = {"name": name, "token": token, "argv": argv[:6], "supervisor": os.getpid(),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        with self.lock:
+            if self.closed:
+                raise OSError("the run is stopping: no new process is started")
+            _write_json(record, data)
+        popen["env"] = self.env(popen.get("env"), token)
+        try:
+            proc = subprocess.Popen(argv, start_new_session=True, **popen)
+        except BaseException:
+            record.unlink(missing_ok=True)
+            raise
+        data["pgid"] = proc.pid
+        _write_json(record, data)
+        proc.harness_token = token  # type: ignore[attr-defined]
+        with self.lock:
+            self.live[token] = proc
+        return proc
+
+    def stop(self, proc: subprocess.Popen, grace_s: float = TERM_GRACE_S) -> None:
+        """Kill proc's whole group and every descendant carrying its token; then forget it."""
+        kill(proc, grace_s)
+        self.forget(proc)
+
+    def forget(self, proc: subprocess.Popen) -> None:
+        """Drop proc's record: only once nothing of it is alive."""
+        token = getattr(proc, "harness_token", None)
+        if token is None or members(pgid=proc.pid, token=token):
+            return
+        with self.lock:
+            self.live.pop(token, None)
+        (self.dir / f"{token}.json").unlink(missing_ok=True)
+
+    def stop_all(self) -> None:
+        """On the way out (any stop): no new process, every live one killed. Idempotent."""
+        with self.lock:
+            self.closed = True
+            live = list(self.live.values())
+        for proc in live:
+            self.stop(proc, grace_s=2.0)
+
+
+def reap(run_dir: Path) -> list[str]:
+    """Stop every process of the run that an earlier supervisor left behind; what was stopped."""
+    run_dir = Path(run_dir).resolve()
+    stopped = []
+    folder = run_dir / "procs"
+    for record in sorted(folder.glob("*.json")) if folder.exists() else []:
+        try:
+            data = json.loads(record.read_text())
+        except (OSError, ValueError):
+            record.unlink(missing_ok=True)
+            continue
+        if data.get("supervisor") == os.getpid():
+            continue
+        pgid, token = data.get("pgid"), data.get("token")
+        n = _kill_all(lambda: members(pgid=pgid, token=token), grace_s=2.0)
+        if n:
+            stopped.append(f"{data.get('name', '?')}: {n} process(es) of group {pgid}")
+        record.unlink(missing_ok=True)
+    for tmp in folder.glob("*.tmp") if folder.exists() else []:
+        tmp.unlink(missing_ok=True)
+    # Anything else of this run's that no record names (a record lost with a full disk).
+    n = _kill_all(lambda: members(run_dir=str(run_dir), not_owner=os.getpid()), grace_s=2.0)
+    if n:
+        stopped.append(f"{n} unrecorded process(es) of the run")
+    return stopped
+
+
+# ---------------------------------------------------------------------------
+# The active supervisor: the driver sets it once; the runner and the CLI researchers use it.
+
+_active: list[Supervisor] = []
+
+
+def current() -> Supervisor | None:
+    return _active[-1] if _active else None
+
+
+@contextlib.contextmanager
+def active(run_dir: Path) -> Iterator[Supervisor]:
+    """Make a supervisor for run_dir the one every spawn uses; on exit (any exit), stop its children."""
+    sup = Supervisor(run_dir)
+    _active.append(sup)
+    try:
+        yield sup
+    finally:
+        sup.stop_all()
+        _active.remove(sup)
+
+
+def spawn(name: str, argv: list[str], **popen: Any) -> subprocess.Popen:
+    """Through the active supervisor, or (no run: `harness init`, tests) a plain own-session Popen."""
+    sup = current()
+    if sup is not None:
+        return sup.spawn(name, argv, **popen)
+    proc = subprocess.Popen(argv, start_new_session=True, **popen)
+    return proc
+
+
+def stop(proc: subprocess.Popen, grace_s: float = TERM_GRACE_S) -> None:
+    sup = current()
+    if sup is not None and getattr(proc, "harness_token", None):
+        sup.stop(proc, grace_s)
+    else:
+        kill(proc, grace_s)
