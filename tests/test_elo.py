@@ -1,0 +1,242 @@
+"""`harness elo`: the Bradley-Terry fit on simulated tournaments written as real results.tsv files
+(known strengths), ties from the noise floor, the comparison graph, cost normalisation, karpathy
+files, and the CLI on run folders that the harness itself made."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+import statistics
+
+from harness import elo, elo_render
+from harness.elo_data import EloInputError
+from harness.errors import HarnessError
+from fakes.elo_sim import SimArm, commit_of, tournament, true_elo, write_ledger
+from fakes.helpers import harness
+
+from conftest import make_repo
+
+FOUR = [SimArm("control", "mutate", None, 0.0), SimArm("small", "codex", "gpt-5.4-mini", 0.5, 2000, 0.001),
+        SimArm("big", "codex", "gpt-5.4", 1.0, 10000, 0.01), SimArm("weak", "cmd", "m", -0.6, 500)]
+
+
+def analyze(paths, **settings) -> dict:
+    return elo.analyze([Path(p) for p in paths], elo.Settings(**settings))
+
+
+def by_arm(result: dict) -> dict[str, dict]:
+    return {a["arm"]: a for a in result["arms"]}
+
+
+# ---------------------------------------------------------------------------
+# The fit on simulated tournaments
+
+
+def test_fit_recovers_order_and_anchored_values(tmp_path: Path):
+    tournament(tmp_path, FOUR, workloads=3, repeats=8, seed=1)
+    result = analyze([tmp_path], draws=300, level=0.99)  # calibration: the coverage test below
+    arms = by_arm(result)
+    assert len(result["tasks"]) == 24 and len(result["components"]) == 1
+    assert result["components"][0]["anchor"] == "control"  # the mutate control arm
+    assert arms["control"]["elo"] == pytest.approx(1000.0) and arms["control"]["ci"] == [1000.0, 1000.0]
+    ranked = sorted(arms, key=lambda a: -arms[a]["elo"])
+    assert ranked == ["big", "small", "control", "weak"]
+    truth = true_elo(FOUR, "control")
+    for name, arm in arms.items():
+        lo, hi = arm["ci"]
+        assert lo <= truth[name] <= hi, (name, arm["ci"], truth[name])
+        assert arm["wins"] + arm["losses"] + arm["ties"] == arm["games"] == 3 * 24
+    assert arms["big"]["win_rate"] > arms["small"]["win_rate"] > arms["weak"]["win_rate"]
+
+
+def test_intervals_cover_the_true_differences(tmp_path: Path):
+    """Across many simulated tournaments, 90% intervals cover the true Elo about 90% of the time."""
+    arms = [SimArm("control", "mutate", None, 0.0), SimArm("good", "codex", "g", 0.6),
+            SimArm("bad", "cmd", "b", -0.4), SimArm("twin", "claude", "c", 0.0)]
+    truth = true_elo(arms, "control")
+    covered = total = 0
+    for s in range(20):
+        root = tmp_path / f"t{s}"
+        tournament(root, arms, workloads=2, repeats=6, seed=100 + s)
+        for arm in analyze([root], draws=150, level=0.9, points=(1.0,))["arms"]:
+            if arm["arm"] != "control":
+                lo, hi = arm["ci"]
+                covered += lo <= truth[arm["arm"]] <= hi
+                total += 1
+    assert 0.75 <= covered / total <= 0.99, covered / total
+
+
+def test_identical_arms_get_an_interval_that_includes_zero(tmp_path: Path):
+    arms = [SimArm("one", "codex", "gpt-5.4", 0.3), SimArm("two", "claude", "opus", 0.3),
+            SimArm("other", "cmd", "x", -0.5)]
+    tournament(tmp_path, arms, workloads=2, repeats=8, seed=7)
+    result = analyze([tmp_path], draws=300)
+    assert result["components"][0]["anchor"] == "one"  # no mutate arm: the first
+    lo, hi = by_arm(result)["two"]["ci"]
+    assert lo < 1000 < hi
+
+
+def test_an_arm_that_always_wins_gets_a_finite_elo(tmp_path: Path):
+    arms = FOUR[:2] + [SimArm("oracle", "codex", "o", 40.0)]
+    tournament(tmp_path, arms, workloads=2, repeats=4, seed=3)
+    result = analyze([tmp_path], draws=200)
+    oracle = by_arm(result)["oracle"]
+    assert oracle["losses"] == 0 and oracle["win_rate"] == 1.0
+    assert math.isfinite(oracle["elo"]) and oracle["elo"] > by_arm(result)["small"]["elo"] + 200
+    assert all(math.isfinite(x) for x in oracle["ci"])
+    json.dumps(result, allow_nan=False)
+
+
+# ---------------------------------------------------------------------------
+# Ties, the graph, cost
+
+
+def two_arm_task(root: Path, gaps: list[float], with_repeats: bool) -> None:
+    """Tasks where arm `y` beats `x` by gap; the baselines are repeated (sigma ~0.01) or not."""
+    for t, gap in enumerate(gaps):
+        commit = commit_of(f"tie {t}")
+        for arm, final in (("x", 0.90), ("y", 0.90 - gap)):
+            write_ledger(root / f"t{t}" / arm / "results.tsv", arm=arm, agent="codex", model=arm,
+                         baseline_commit=commit, baseline=1.0, values=[("keep", final)],
+                         baseline_repeats=(1.01, 0.99, 1.015) if with_repeats else ())
+
+
+def test_gaps_within_the_noise_floor_are_ties(tmp_path: Path):
+    two_arm_task(tmp_path / "noisy", [0.002, 0.003, 0.001], with_repeats=True)
+    result = analyze([tmp_path / "noisy"], draws=100)
+    sigma = statistics.stdev([1.0, 1.01, 0.99, 1.015])  # the baseline and its repeats
+    assert all(t["sigma"] == pytest.approx(sigma) for t in result["tasks"])
+    y = by_arm(result)["y"]
+    assert (y["wins"], y["losses"], y["ties"]) == (0, 0, 3) and y["win_rate"] == 0.5
+    assert y["elo"] == pytest.approx(1000, abs=1e-6)
+    # The same gaps without a measured noise floor are wins; a gap beyond the floor is a win too.
+    two_arm_task(tmp_path / "exact", [0.002, 0.003, 0.001], with_repeats=False)
+    y = by_arm(analyze([tmp_path / "exact"], draws=100))["y"]
+    assert (y["wins"], y["losses"], y["ties"]) == (3, 0, 0) and y["elo"] > 1000
+    two_arm_task(tmp_path / "clear", [0.05, 0.002], with_repeats=True)
+    y = by_arm(analyze([tmp_path / "clear"], draws=100))["y"]
+    assert (y["wins"], y["ties"]) == (1, 1)
+
+
+def test_a_disconnected_graph_is_reported_and_each_part_fitted_alone(tmp_path: Path):
+    tournament(tmp_path / "left", FOUR[:2], workloads=1, repeats=3, seed=1)
+    tournament(tmp_path / "right", [SimArm("p", "claude", "p", 0.0), SimArm("q", "claude", "q", 1.0)],
+               workloads=1, repeats=3, seed=2)
+    result = analyze([tmp_path / "left", tmp_path / "right"], draws=100)
+    groups = result["components"]
+    assert [g["arms"] for g in groups] == [["control", "small"], ["p", "q"]]
+    assert [g["anchor"] for g in groups] == ["control", "p"]
+    arms = by_arm(result)
+    assert arms["control"]["elo"] == pytest.approx(1000) and arms["p"]["elo"] == pytest.approx(1000)
+    assert arms["q"]["component"] == 1 and arms["small"]["component"] == 0
+    assert any("not connected" in n and "{p, q}" in n for n in result["notes"])
+    text = elo_render.markdown(result)
+    assert "## Group 1: Ratings (anchor: control = 1000)" in text and "## Group 2: Ratings" in text
+
+
+def ledger_with_tokens(path: Path, arm: str, commit: str, final: float, tokens: int) -> None:
+    write_ledger(path, arm=arm, agent="codex", model=arm, baseline_commit=commit, baseline=1.0,
+                 values=[("keep", final)], tokens_per_row=tokens)
+
+
+def test_cost_is_normalised_per_task_so_a_long_task_does_not_dominate(tmp_path: Path):
+    # x is cheap on the long task, y on the short one: per task they cost the same on average.
+    for name, x_tok, y_tok in (("long", 1_000_000, 2_000_000), ("short", 20_000, 10_000)):
+        commit = commit_of(name)
+        ledger_with_tokens(tmp_path / name / "x" / "results.tsv", "x", commit, 0.9, x_tok)
+        ledger_with_tokens(tmp_path / name / "y" / "results.tsv", "y", commit, 0.8, y_tok)
+    arms = by_arm(analyze([tmp_path], draws=0))
+    assert arms["x"]["tokens_per_task"] == pytest.approx(arms["y"]["tokens_per_task"])
+    assert arms["x"]["tokens_per_task"] == pytest.approx((1_500_000 + 15_000) / 2)
+
+
+def test_doubling_one_tasks_tokens_changes_no_elo_per_token_ranking(tmp_path: Path):
+    results = []
+    for k, length in enumerate((1.0, 2.0)):
+        root = tmp_path / f"v{k}"
+        tournament(root, FOUR, workloads=2, repeats=3, seed=5, task_length={1: length})
+        results.append(by_arm(analyze([root], draws=0)))
+    plain, doubled = results
+    assert doubled["big"]["tokens_per_task"] != pytest.approx(plain["big"]["tokens_per_task"])
+
+    def ranking(arms):
+        return sorted((a for a in arms if arms[a]["elo_per_1k_tokens"] is not None),
+                      key=lambda a: arms[a]["elo_per_1k_tokens"])
+    assert ranking(plain) == ranking(doubled) and len(ranking(plain)) == 3
+    for a in plain:
+        assert doubled[a]["elo"] == pytest.approx(plain[a]["elo"])
+        share = plain[a]["tokens_per_task"] / plain["big"]["tokens_per_task"]
+        assert doubled[a]["tokens_per_task"] / doubled["big"]["tokens_per_task"] == pytest.approx(share)
+
+
+def test_marginal_gain_table_is_ordered_by_cost(tmp_path: Path):
+    tournament(tmp_path, FOUR, workloads=2, repeats=6, seed=11)
+    result = analyze([tmp_path], draws=100)
+    arms = by_arm(result)
+    steps = result["marginal"]
+    assert [s["arm"] for s in steps] == ["control", "weak", "small", "big"]  # by tokens per task
+    assert steps[0]["vs"] is None and steps[2]["vs"] == "weak"
+    d_tok = arms["small"]["tokens_per_task"] - arms["weak"]["tokens_per_task"]
+    assert steps[2]["d_tokens"] == pytest.approx(d_tok)
+    assert steps[2]["d_elo_per_1k_tokens"] == pytest.approx((arms["small"]["elo"] - arms["weak"]["elo"]) / d_tok * 1000)
+    assert arms["big"]["elo_per_1k_tokens"] == pytest.approx((arms["big"]["elo"] - 1000) / 40.0)
+    assert arms["control"]["elo_per_1k_tokens"] is None  # it spent no tokens
+    text = elo_render.markdown(result)
+    assert "| small | 8.0k | $0.0080 |" in text and "vs weak" in text
+
+
+# ---------------------------------------------------------------------------
+# Inputs
+
+
+def karpathy_tsv(path: Path, rows: list[tuple[str, float, str]]) -> None:
+    path.parent.mkdir(parents=True)
+    lines = ["commit\tval_bpb\tmemory_gb\tstatus\tdescription"]
+    lines += [f"{c}\t{v:.6f}\t44.0\t{s}\t{'baseline' if i == 0 else 'try ' + str(i)}" for i, (c, v, s) in enumerate(rows)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_five_column_karpathy_files_are_compared_by_experiments(tmp_path: Path):
+    karpathy_tsv(tmp_path / "alpha" / "results.tsv",
+                 [("a1b2c3d", 0.9979, "keep"), ("b2c3d4e", 0.9932, "keep"), ("c3d4e5f", 0.0, "crash")])
+    karpathy_tsv(tmp_path / "beta" / "results.tsv",
+                 [("a1b2c3d", 0.9980, "keep"), ("d4e5f6a", 1.0010, "discard"), ("e5f6a7b", 0.9990, "keep")])
+    result = analyze([tmp_path / "alpha", tmp_path / "beta" / "results.tsv"], draws=50)
+    arms = by_arm(result)
+    assert set(arms) == {"alpha", "beta"} and len(result["tasks"]) == 1
+    assert result["tasks"][0]["budget"] == "iterations"
+    assert arms["alpha"]["wins"] == 1 and arms["alpha"]["elo"] > arms["beta"]["elo"]
+    assert any("same number of experiments" in n for n in result["notes"])
+
+
+def test_bad_inputs_get_clear_errors(tmp_path: Path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(EloInputError, match="no results.tsv"):
+        analyze([tmp_path / "empty"])
+    tournament(tmp_path / "t", FOUR[:2], workloads=1, repeats=2, seed=1)
+    with pytest.raises(EloInputError, match="--anchor 'nobody'.*control, small"):
+        analyze([tmp_path / "t"], anchor="nobody")
+    with pytest.raises(EloInputError, match="unknown budget"):
+        analyze([tmp_path / "t"], budget="minutes")
+    commit = commit_of("dir")
+    write_ledger(tmp_path / "d" / "x" / "results.tsv", arm="x", agent="codex", model="x", baseline_commit=commit,
+                 baseline=1.0, values=[], direction="minimize")
+    write_ledger(tmp_path / "d" / "y" / "results.tsv", arm="y", agent="codex", model="y", baseline_commit=commit,
+                 baseline=1.0, values=[], direction="maximize")
+    with pytest.raises(EloInputError, match="one direction"):
+        analyze([tmp_path / "d"])
+    assert issubclass(EloInputError, HarnessError)
+
+
+def test_anchor_option_and_budget_points(tmp_path: Path):
+    tournament(tmp_path, FOUR, workloads=1, repeats=6, seed=2)
+    result = analyze([tmp_path], draws=50, anchor="big")
+    assert by_arm(result)["big"]["elo"] == pytest.approx(1000)
+    # At a quarter of the budget nobody has kept anything yet (the first keep is at iteration 2).
+    assert set(result["by_budget"]) == {"0.25", "0.5", "0.75", "1"}
+    assert all(v == pytest.approx(1000) for v in result["by_budget"]["0.25"].values())
+    assert result["by_budget"]["1"]["small"] == pytest.approx(by_arm(result)["small"]["elo"])
