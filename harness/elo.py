@@ -24,6 +24,7 @@ DEFAULT_DRAWS = 1000
 DEFAULT_LEVEL = 0.95
 DEFAULT_TIE_Z = 1.0  # a tie: the gap is within this many standard errors of the difference
 CONTROL_AGENT = "mutate"
+FEW_TASKS = 5  # below this many compared tasks the intervals say little: a note says so
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,7 @@ def analyze(paths: list[Path], settings: Settings = Settings(),
         row["elo_per_1k_tokens"] = per_unit(gain, row.get("tokens_per_task"), 1000.0)
         row["elo_per_usd"] = per_unit(gain, row.get("usd_per_task"))
     by_point = elo_by_point(tasks, arms, comps, groups, settings)
-    notes += graph_notes(groups, arms, tasks)
+    notes += graph_notes(groups, arms, tasks) + unanimous_notes(table)
     return {"budget": settings.budget, "unit": BUDGETS[settings.budget][0], "level": settings.level,
             "draws": settings.draws, "seed": settings.seed, "tie_z": settings.tie_z,
             "anchor_elo": elo_fit.ANCHOR_ELO, "components": groups,
@@ -222,6 +223,16 @@ def marginal(table: dict[str, dict[str, Any]], groups: list[dict[str, Any]]) -> 
     return out
 
 
+def unanimous_notes(table: dict[str, dict[str, Any]]) -> list[str]:
+    notes = []
+    for row in table.values():
+        if row["games"] and (row["wins"] == row["games"] or row["losses"] == row["games"]):
+            how = "won" if row["wins"] == row["games"] else "lost"
+            notes.append(f"{row['arm']} {how} every comparison: with no counter-example its distance to the others "
+                         f"is held finite only by the fit's small penalty, so read it as a bound, not an estimate.")
+    return notes
+
+
 def graph_notes(groups: list[dict[str, Any]], arms: list[str], tasks: list[Task]) -> list[str]:
     notes = []
     if len(groups) > 1:
@@ -232,6 +243,10 @@ def graph_notes(groups: list[dict[str, Any]], arms: list[str], tasks: list[Task]
     alone = [t.label for t in tasks if len(t.trajectories) < 2]
     if alone:
         notes.append(f"{len(alone)} task(s) have one arm only and compare nothing: {', '.join(alone)}.")
+    compared = [t for t in tasks if len(t.trajectories) >= 2]
+    if 0 < len(compared) < FEW_TASKS:
+        notes.append(f"Only {len(compared)} task(s) compare arms: the bootstrap over tasks cannot show much of the "
+                     f"uncertainty (a unanimous result gets a zero-width interval). Add repeats or workloads.")
     fallback = [t.label for t in tasks if t.budget == "iterations"]
     if fallback:
         notes.append(f"Task(s) {', '.join(fallback)}: a ledger lacks the budget's column, so these arms were "

@@ -113,15 +113,21 @@ def elo_vs_tokens(result: dict[str, Any]) -> bytes | None:
     """Elo against tokens per task (log scale) with intervals: where returns diminish."""
     from matplotlib.figure import Figure
 
-    rated = [a for a in result["arms"] if a["elo"] is not None and (a.get("tokens_per_task") or 0) > 0]
-    if not rated:
+    names = [a["arm"] for a in result["arms"]]
+    rated = [a for a in result["arms"] if a["elo"] is not None]
+    spent = sorted((a for a in rated if (a.get("tokens_per_task") or 0) > 0), key=lambda a: a["tokens_per_task"])
+    if not spent:
         return None
     fig = Figure(figsize=(7.0, 4.2), layout="constrained")
     ax = fig.add_subplot()
-    for k, a in enumerate(sorted(rated, key=lambda a: a["tokens_per_task"])):
+    for a in spent:
         lo, hi = a["ci"] if a["ci"] else (a["elo"], a["elo"])
         ax.errorbar([a["tokens_per_task"]], [a["elo"]], yerr=[[a["elo"] - lo], [hi - a["elo"]]], fmt="o",
-                    capsize=4, color=COLORS[k % len(COLORS)], label=a["arm"])
+                    capsize=4, color=COLORS[names.index(a["arm"]) % len(COLORS)], label=a["arm"])
+    for a in rated:  # no tokens (the mutate control): no place on a log axis, a level line instead
+        if not (a.get("tokens_per_task") or 0) > 0:
+            ax.axhline(a["elo"], ls="--", lw=1, color=COLORS[names.index(a["arm"]) % len(COLORS)],
+                       label=f"{a['arm']} (no tokens)")
     ax.set_xscale("log")
     ax.set_xlabel("tokens per task (normalised per task)")
     ax.set_ylabel("Elo")

@@ -240,3 +240,68 @@ def test_anchor_option_and_budget_points(tmp_path: Path):
     assert set(result["by_budget"]) == {"0.25", "0.5", "0.75", "1"}
     assert all(v == pytest.approx(1000) for v in result["by_budget"]["0.25"].values())
     assert result["by_budget"]["1"]["small"] == pytest.approx(by_arm(result)["small"]["elo"])
+
+
+# ---------------------------------------------------------------------------
+# The CLI on run folders the harness made
+
+
+TENFOLD_AGENT = (
+    "import json, re\n"
+    "src = open('train.py').read()\n"
+    "value = float(re.search(r'^VALUE = ([0-9.e-]+)', src, re.M).group(1))\n"
+    "open('train.py', 'w').write(re.sub(r'^VALUE = .*$', f'VALUE = {value / 10}', src, count=1, flags=re.M))\n"
+    "print(json.dumps({'input_tokens': 1000, 'cached_tokens': 0, 'output_tokens': 200, 'cost_usd': 0.01,\n"
+    "                  'description': f'VALUE to {value / 10}'}))\n")
+
+
+@pytest.fixture
+def tenfold(tmp_path: Path) -> str:
+    script = tmp_path / "tenfold.py"
+    script.write_text(TENFOLD_AGENT)
+    return f"cmd:{sys.executable} {script}"
+
+
+def test_cli_elo_on_separate_harness_runs_of_one_workload(tmp_path: Path, tenfold: str):
+    repo = make_repo(tmp_path / "research")
+    for tag, agent, seed in (("m1", "mutate", 1), ("c1", tenfold, 1), ("m2", "mutate", 2), ("c2", tenfold, 2)):
+        model = ["--model", "m1"] if agent != "mutate" else []
+        result = harness(["run", "--repo", repo, "--tag", tag, "--agent", agent, *model, "--seed", seed,
+                          "--iterations", 3])
+        assert result.exit_code == 0, result.output
+    out = tmp_path / "elo"
+    result = harness(["elo", repo / "runs", "--budget", "tokens", "--bootstrap", 50, "--json", "--out", out])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)  # stdout is the data alone; progress went to stderr
+    assert "ledgers" in result.stderr and "wrote" in result.stderr
+    assert sorted(a["arm"] for a in data["arms"]) == ["cmd:m1", "mutate"]
+    assert data["components"][0]["anchor"] == "mutate"  # the control arm, though not the first found
+    assert [t["repeat"] for t in data["tasks"]] == [1, 2]  # the first run of each arm meets the first
+    assert [sorted(Path(b["ledger"]).parent.name for b in t["best"].values()) for t in data["tasks"]] == \
+        [["c1", "m1"], ["c2", "m2"]]
+    arms = by_arm(data)
+    assert arms["mutate"]["elo"] == pytest.approx(1000) and arms["cmd:m1"]["elo"] > 1000
+    assert arms["cmd:m1"]["wins"] == 2 and arms["cmd:m1"]["tokens_per_task"] == pytest.approx(3600)
+    assert [t["best"]["cmd:m1"]["value"] for t in data["tasks"]] == [pytest.approx(0.001)] * 2
+    assert json.loads((out / "elo.json").read_text()) == data
+    assert (out / "elo.md").read_text().startswith("# Elo of 2 arms over 2 tasks")
+    assert (out / "best_so_far.png").read_bytes()[:4] == b"\x89PNG" and (out / "elo_vs_tokens.png").exists()
+    # The default budget (GPU-hours) and the markdown on stdout.
+    result = harness(["elo", repo / "runs" / "m1", repo / "runs" / "c1" / "results.tsv", "--bootstrap", 20])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("# Elo of 2 arms over 1 tasks")
+    assert "| cmd:m1 | cmd | m1 | 1 | 1-0-0 | 100% |" in result.stdout
+
+
+def test_cli_elo_on_an_ab_folder(tmp_path: Path, tenfold: str):
+    repo = make_repo(tmp_path / "research")
+    result = harness(["ab", "--repo", repo, "--tag", "night", "--agent-a", "mutate", "--agent-b", tenfold,
+                      "--model-b", "m1", "--iterations", 2])
+    assert result.exit_code == 0, result.output
+    result = harness(["elo", repo / "runs" / "night", "--bootstrap", 20, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert [a["arm"] for a in data["arms"]] == ["mutate", "cmd:m1"] and len(data["tasks"]) == 1
+    assert by_arm(data)["cmd:m1"]["wins"] == 1
+    result = harness(["elo", repo / "runs" / "night", "--anchor", "nobody"])
+    assert result.exit_code == 1 and "the arms are: mutate, cmd:m1" in result.output
