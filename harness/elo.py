@@ -82,12 +82,13 @@ def task_outcomes(tasks: list[Task], arms: list[str], fraction: float, tie_z: fl
 def normalised_cost(records: list[dict[str, Any]], key: str) -> dict[str, float | None]:
     """Each arm's mean spend per task, every task weighed alike: spend / the task's mean over its
     arms, averaged over tasks, times the mean task's spend. Doubling one task's spend for every
-    arm changes no arm's share. None for an arm whose spend is unknown in every task."""
+    arm changes no arm's share. An arm whose spend a task does not know is left out of that task's
+    mean; None for an arm whose spend is unknown in every task."""
     ratios: dict[str, list[float]] = {}
     means = []
     for rec in records:
-        spend = {a: b[key] for a, b in rec["best"].items()}
-        if not spend or any(v is None for v in spend.values()):
+        spend = {a: b[key] for a, b in rec["best"].items() if b[key] is not None}  # unknown: left out
+        if not spend:
             continue
         m = statistics.fmean(spend.values())
         means.append(m)

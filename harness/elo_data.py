@@ -245,24 +245,27 @@ class BestSoFar:
     value: float
     runs: int  # measurements behind the value (the noise gate's mean)
     tokens: float  # spent until then
-    cost_usd: float | None  # None when the ledger records no cost
+    cost_usd: float | None  # None when the ledger records no cost, or not for every row with tokens
 
 
 def best_so_far(t: Trajectory, budget: str, limit: float) -> BestSoFar:
     """The current best (last kept) among the rows whose cumulative spend is within limit."""
     base = t.rows[0]
     value, runs = ledger.decided_value(base), int(base.get("runs") or 1)
-    spent, tokens, cost = 0.0, 0.0, 0.0
+    spent, tokens, cost = 0.0, 0.0, 0.0 if t.knows("usd") else None
     eps = 1e-9 * max(1.0, abs(limit))
     for r in _after_baseline(t):
         spent += row_spend(r, budget)
         if spent > limit + eps:
             break
         tokens += row_spend(r, "tokens")
-        cost += r.get("cost_usd") or 0.0
+        if cost is not None and r.get("cost_usd") is None and row_spend(r, "tokens") > 0:
+            cost = None  # tokens of a model without a price: the cost is unknown, not zero
+        elif cost is not None:
+            cost += r.get("cost_usd") or 0.0
         if r.get("status") == "keep" and ledger.decided_value(r) is not None:
             value, runs = ledger.decided_value(r), int(r.get("runs") or 1)
-    return BestSoFar(float(value), runs, tokens, cost if t.knows("usd") else None)
+    return BestSoFar(float(value), runs, tokens, cost)
 
 
 def curve(t: Trajectory, budget: str) -> list[tuple[float, float]]:

@@ -305,3 +305,17 @@ def test_cli_elo_on_an_ab_folder(tmp_path: Path, tenfold: str):
     assert by_arm(data)["cmd:m1"]["wins"] == 1
     result = harness(["elo", repo / "runs" / "night", "--anchor", "nobody"])
     assert result.exit_code == 1 and "the arms are: mutate, cmd:m1" in result.output
+
+
+def test_maximized_metrics_and_unknown_costs(tmp_path: Path):
+    commit = commit_of("accuracy")
+    for arm, final, usd in (("x", 0.70, 0.02), ("y", 0.80, None)):
+        write_ledger(tmp_path / arm / "results.tsv", arm=arm, agent="openai", model=arm, baseline_commit=commit,
+                     baseline=0.5, values=[("keep", final)], tokens_per_row=1000, usd_per_row=usd,
+                     metric="accuracy", direction="maximize")
+    result = analyze([tmp_path], draws=0)
+    arms = by_arm(result)
+    assert arms["y"]["wins"] == 1 and arms["y"]["elo"] > arms["x"]["elo"]  # higher is better here
+    assert arms["x"]["usd_per_task"] == pytest.approx(0.02)
+    assert arms["y"]["usd_per_task"] is None and arms["y"]["elo_per_usd"] is None  # an unpriced model
+    assert "| y | 1.0k | unknown |" in elo_render.markdown(result)
