@@ -295,6 +295,8 @@ def report(paths, out):
               help="Interval level.")
 @click.option("--tie-z", type=click.FloatRange(0), default=1.0, show_default=True,
               help="A gap within this many standard errors of the task's noise floor is a tie.")
+@click.option("--arm-by", type=click.Choice(["researcher", "folder"]), default="researcher", show_default=True,
+              help="An arm is the arm name or agent:model (researcher), or each run folder's name (folder).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of markdown.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also write elo.md, elo.json and the plots into this folder.")

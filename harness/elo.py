@@ -36,6 +36,7 @@ class Settings:
     level: float = DEFAULT_LEVEL
     tie_z: float = DEFAULT_TIE_Z
     points: tuple[float, ...] = POINTS
+    arm_by: str = "researcher"  # or "folder": each run folder's name is its arm
 
 
 # ---------------------------------------------------------------------------
@@ -141,7 +142,7 @@ def analyze(paths: list[Path], settings: Settings = Settings(),
     if settings.budget not in BUDGETS or settings.budget == "iterations":
         raise EloInputError(f"unknown budget {settings.budget!r}; choose gpu-hours, tokens, usd or wall.")
     ledgers = elo_data.find_ledgers(paths)
-    loaded = [(p, elo_data.load(p)) for p in ledgers]
+    loaded = [(p, elo_data.load(p, settings.arm_by)) for p in ledgers]
     trajs = [t for _, t in loaded if t is not None]
     notes = [f"{p}: no measured baseline yet, left out." for p, t in loaded if t is None]
     if not trajs:

@@ -130,8 +130,11 @@ def _arm_identity(path: Path, rows: list[dict[str, Any]], manifest: dict[str, An
     return (path.parent.name if path.name == "results.tsv" else path.stem), None, None, name
 
 
-def load(path: Path) -> Trajectory | None:
-    """One ledger as a trajectory; None for a ledger without a measured baseline yet."""
+def load(path: Path, arm_by: str = "researcher") -> Trajectory | None:
+    """One ledger as a trajectory; None for a ledger without a measured baseline yet.
+
+    arm_by "folder" names the arm after the run's folder (its tag) instead: separate runs of one
+    researcher (mutate with two seeds) then compete rather than count as repeats."""
     rows = ledger.read_rows(path)
     for r in rows:  # karpathy/autoresearch logs a crash as 0.000000: a placeholder, not a figure
         if r.get("status") in ("crash", "timeout", "invalid") and not r.get("metric"):
@@ -142,6 +145,8 @@ def load(path: Path) -> Trajectory | None:
     manifest = _read_json(path.parent / "run.json")
     cfg = manifest.get("config") or {}
     arm, agent, model, name = _arm_identity(path, rows, manifest)
+    if arm_by == "folder":
+        arm, name = (path.parent.name if path.name == "results.tsv" else path.stem), None
     repeat = manifest.get("repeat", cfg.get("repeat"))
     repo = Path(cfg["repo"]).name if cfg.get("repo") else None
     commit = str(rows[0].get("commit") or "")[:12]

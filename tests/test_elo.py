@@ -286,6 +286,17 @@ def test_cli_elo_on_separate_harness_runs_of_one_workload(tmp_path: Path, tenfol
     assert json.loads((out / "elo.json").read_text()) == data
     assert (out / "elo.md").read_text().startswith("# Elo of 2 arms over 2 tasks")
     assert (out / "best_so_far.png").read_bytes()[:4] == b"\x89PNG" and (out / "elo_vs_tokens.png").exists()
+    # Two runs of one researcher are repeats, not rivals ...
+    result = harness(["elo", repo / "runs" / "m1", repo / "runs" / "m2", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert [a["arm"] for a in data["arms"]] == ["mutate"] and data["arms"][0]["elo"] is None
+    assert any("2 task(s) have one arm only" in n for n in data["notes"])
+    # ... unless each run folder is its own arm.
+    result = harness(["elo", repo / "runs" / "m1", repo / "runs" / "m2", "--arm-by", "folder", "--json"])
+    data = json.loads(result.stdout)
+    assert [a["arm"] for a in data["arms"]] == ["m1", "m2"] and len(data["tasks"]) == 1
+    assert by_arm(data)["m1"]["games"] == 1 and by_arm(data)["m1"]["elo"] == pytest.approx(1000)
     # The default budget (GPU-hours) and the markdown on stdout.
     result = harness(["elo", repo / "runs" / "m1", repo / "runs" / "c1" / "results.tsv", "--bootstrap", 20])
     assert result.exit_code == 0, result.output
