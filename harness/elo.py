@@ -260,6 +260,20 @@ def graph_notes(groups: list[dict[str, Any]], arms: list[str], tasks: list[Task]
 # Output
 
 
+REPORT_DRAWS = 200  # the comparison report's section: quicker than `harness elo`'s default
+
+
+def report_section(paths: list[Path]) -> dict[str, Any]:
+    """The Elo result for the comparison report's runs (without the curves), or why there is none."""
+    try:
+        result = analyze(paths, Settings(draws=REPORT_DRAWS, points=(1.0,)))
+    except EloInputError as e:
+        return {"error": str(e)}
+    for task in result["tasks"]:
+        task.pop("curves", None)
+    return result
+
+
 def write(result: dict[str, Any], out: Path, markdown: str) -> dict[str, Path]:
     """elo.md and elo.json (and the plots, when matplotlib is there) under out."""
     from . import elo_render

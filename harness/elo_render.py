@@ -35,14 +35,22 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def ratings_table(result: dict[str, Any], arms: list[dict[str, Any]]) -> list[str]:
+    return _table(*ratings_rows(result, arms))
+
+
+def ratings_rows(result: dict[str, Any], arms: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     pct = f"{result['level']:.0%}"
     rows = [[a["arm"], str(a["agent"] or "?"), str(a["model"] or "—"), str(a["tasks"]),
              f"{a['wins']}-{a['losses']}-{a['ties']}", _num(a["win_rate"], ".0%"), _num(a["elo"]), _ci(a["ci"])]
             for a in sorted(arms, key=lambda a: -(a["elo"] if a["elo"] is not None else -math.inf))]
-    return _table(["arm", "agent", "model", "tasks", "W-L-T", "win rate", "Elo", f"{pct} interval"], rows)
+    return ["arm", "agent", "model", "tasks", "W-L-T", "win rate", "Elo", f"{pct} interval"], rows
 
 
 def marginal_table(result: dict[str, Any], component: int) -> list[str]:
+    return _table(*marginal_rows(result, component))
+
+
+def marginal_rows(result: dict[str, Any], component: int) -> tuple[list[str], list[list[str]]]:
     arms = {a["arm"]: a for a in result["arms"]}
     rows = []
     for step in (s for s in result["marginal"] if s["component"] == component):
@@ -54,8 +62,7 @@ def marginal_table(result: dict[str, Any], component: int) -> list[str]:
         rows.append([a["arm"], _tokens(a.get("tokens_per_task")), _usd(a.get("usd_per_task")),
                      _num(a["win_rate"], ".0%"), f"{_num(a['elo'])} {_ci(a['ci'])}",
                      _num(a["elo_per_1k_tokens"], "+.1f"), _num(a["elo_per_usd"], "+.0f"), plus])
-    return _table(["arm", "tokens/task", "$/task", "win rate", "Elo", "Elo/1k tokens", "Elo/$",
-                   "+Elo for +tokens"], rows)
+    return ["arm", "tokens/task", "$/task", "win rate", "Elo", "Elo/1k tokens", "Elo/$", "+Elo for +tokens"], rows
 
 
 def budget_table(result: dict[str, Any]) -> list[str]:
@@ -94,6 +101,24 @@ def markdown(result: dict[str, Any]) -> str:
     if result["notes"]:
         lines += ["## Notes", "", *[f"- {n}" for n in result["notes"]], ""]
     return "\n".join(lines)
+
+
+def report_blocks(result: dict[str, Any] | None) -> list[tuple]:
+    """The comparison report's Elo section, as report_render's blocks (markdown and HTML alike)."""
+    if result is None:
+        return []
+    out: list[tuple] = [("h2", "Elo across tasks")]
+    if "error" in result:
+        return out + [("p", f"Not available: {result['error']}")]
+    out.append(("p", f"Bradley-Terry ratings over {len(result['tasks'])} task(s) (see docs/elo.md; "
+                     f"`harness elo` gives more): each task's arms compared at the {result['unit']} all reached, "
+                     f"{result['level']:.0%} intervals from {result['draws']} bootstrap draws over tasks."))
+    for c, group in enumerate(result["components"]):
+        members = [a for a in result["arms"] if a["component"] == c]
+        out.append(("table", *ratings_rows(result, members)))
+        if len(members) > 1:
+            out.append(("table", *marginal_rows(result, c)))
+    return out + [("p", note) for note in result["notes"]]
 
 
 # ---------------------------------------------------------------------------

@@ -314,6 +314,13 @@ def test_cli_elo_on_an_ab_folder(tmp_path: Path, tenfold: str):
     data = json.loads(result.stdout)
     assert [a["arm"] for a in data["arms"]] == ["mutate", "cmd:m1"] and len(data["tasks"]) == 1
     assert by_arm(data)["cmd:m1"]["wins"] == 1
+    # The A/B's own report carries the same ratings, in markdown and in HTML.
+    run_dir = repo / "runs" / "night"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [a["elo"] for a in summary["elo"]["arms"]] == pytest.approx([a["elo"] for a in data["arms"]], abs=1e-6)
+    md = (run_dir / "report.md").read_text()
+    assert "## Elo across tasks" in md and "| cmd:m1 | cmd | m1 | 1 | 1-0-0 | 100% |" in md
+    assert "<h2>Elo across tasks</h2>" in (run_dir / "report.html").read_text()
     result = harness(["elo", repo / "runs" / "night", "--anchor", "nobody"])
     assert result.exit_code == 1 and "the arms are: mutate, cmd:m1" in result.output
 
