@@ -136,29 +136,22 @@ def _fit_component(members: list[int], anchor: int, scores, games, settings: Set
     return elo, cis, int(used.sum())
 
 
-def analyze(paths: list[Path], settings: Settings = Settings(),
-            progress: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
-    """Everything `harness elo` shows, as one JSON-able dict."""
-    if settings.budget not in BUDGETS or settings.budget == "iterations":
-        raise EloInputError(f"unknown budget {settings.budget!r}; choose gpu-hours, tokens, usd or wall.")
-    ledgers = elo_data.find_ledgers(paths)
-    loaded = [(p, elo_data.load(p, settings.arm_by)) for p in ledgers]
+def _load(paths: list[Path], settings: Settings) -> tuple[list[elo_data.Trajectory], list[str]]:
+    loaded = [(p, elo_data.load(p, settings.arm_by)) for p in elo_data.find_ledgers(paths)]
     trajs = [t for _, t in loaded if t is not None]
-    notes = [f"{p}: no measured baseline yet, left out." for p, t in loaded if t is None]
     if not trajs:
         raise EloInputError("no ledger has a measured baseline yet: nothing to compare.")
-    tasks = elo_data.build_tasks(trajs, settings.budget)
-    arms = list(dict.fromkeys(t.arm for t in trajs))
-    if settings.anchor is not None and settings.anchor not in arms:
-        raise EloInputError(f"--anchor {settings.anchor!r} is not an arm here; the arms are: {', '.join(arms)}.")
+    return trajs, [f"{p}: no measured baseline yet, left out." for p, t in loaded if t is None]
+
+
+def rate(arms: list[str], trajs: list[elo_data.Trajectory], scores: np.ndarray, games: np.ndarray,
+         settings: Settings) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """Each arm's record and rating, fitted per component of the comparison graph; the components."""
     agents = {t.arm: t.agent for t in trajs}
-    progress(f"{len(trajs)} ledgers, {len(arms)} arms, {len(tasks)} tasks; fitting with "
-             f"{settings.draws} bootstrap draws over tasks")
-    scores, games, records = task_outcomes(tasks, arms, 1.0, settings.tie_z)
-    comps = elo_fit.components(games.sum(axis=0))
+    models = {t.arm: t.model for t in reversed(trajs)}  # the first ledger's model
     table: dict[str, dict[str, Any]] = {}
     groups = []
-    for c, members in enumerate(comps):
+    for c, members in enumerate(elo_fit.components(games.sum(axis=0))):
         anchor = _anchor(arms, members, agents, settings.anchor)
         if len(members) == 1:
             elo, cis, used = [None], [None], 0
@@ -169,32 +162,54 @@ def analyze(paths: list[Path], settings: Settings = Settings(),
             e = None if elo[k] is None or np.isnan(elo[k]) else float(elo[k])
             table[arms[i]] = {**_record(arms[i], i, scores, games), "component": c, "elo": e,
                               "ci": None if cis[k] is None else list(cis[k]),
-                              "agent": agents.get(arms[i]), "model": next(t.model for t in trajs if t.arm == arms[i])}
+                              "agent": agents.get(arms[i]), "model": models.get(arms[i])}
+    return table, groups
+
+
+def add_cost(table: dict[str, dict[str, Any]], records: list[dict[str, Any]]) -> None:
+    """Tokens and dollars per task (normalised per task), and the gain over the anchor per each."""
     for key, name in (("tokens", "tokens_per_task"), ("cost_usd", "usd_per_task")):
         for arm, v in normalised_cost(records, key).items():
             table[arm][name] = v
-    for arm, row in table.items():
-        anchor_elo = elo_fit.ANCHOR_ELO if row["elo"] is not None else None
-        gain = None if anchor_elo is None else row["elo"] - anchor_elo
+    for row in table.values():
+        gain = None if row["elo"] is None else row["elo"] - elo_fit.ANCHOR_ELO
         row["elo_per_1k_tokens"] = per_unit(gain, row.get("tokens_per_task"), 1000.0)
         row["elo_per_usd"] = per_unit(gain, row.get("usd_per_task"))
-    by_point = elo_by_point(tasks, arms, comps, groups, settings)
-    notes += graph_notes(groups, arms, tasks) + unanimous_notes(table)
+
+
+def analyze(paths: list[Path], settings: Settings = Settings(),
+            progress: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
+    """Everything `harness elo` shows, as one JSON-able dict."""
+    if settings.budget not in BUDGETS or settings.budget == "iterations":
+        raise EloInputError(f"unknown budget {settings.budget!r}; choose gpu-hours, tokens, usd or wall.")
+    trajs, notes = _load(paths, settings)
+    tasks = elo_data.build_tasks(trajs, settings.budget)
+    arms = list(dict.fromkeys(t.arm for t in trajs))
+    if settings.anchor is not None and settings.anchor not in arms:
+        raise EloInputError(f"--anchor {settings.anchor!r} is not an arm here; the arms are: {', '.join(arms)}.")
+    progress(f"{len(trajs)} ledgers, {len(arms)} arms, {len(tasks)} tasks; fitting with "
+             f"{settings.draws} bootstrap draws over tasks")
+    scores, games, records = task_outcomes(tasks, arms, 1.0, settings.tie_z)
+    table, groups = rate(arms, trajs, scores, games, settings)
+    add_cost(table, records)
+    notes += graph_notes(groups, tasks) + unanimous_notes(table)
     return {"budget": settings.budget, "unit": BUDGETS[settings.budget][0], "level": settings.level,
             "draws": settings.draws, "seed": settings.seed, "tie_z": settings.tie_z,
             "anchor_elo": elo_fit.ANCHOR_ELO, "components": groups,
             "arms": [table[a] for a in arms], "marginal": marginal(table, groups),
-            "by_budget": by_point, "tasks": records, "notes": notes,
+            "by_budget": elo_by_point(tasks, arms, groups, settings), "tasks": records, "notes": notes,
             "ledgers": [str(t.path) for t in trajs]}
 
 
-def elo_by_point(tasks, arms, comps, groups, settings: Settings) -> dict[str, dict[str, float | None]]:
+def elo_by_point(tasks: list[Task], arms: list[str], groups: list[dict[str, Any]],
+                 settings: Settings) -> dict[str, dict[str, float | None]]:
     """Point estimates (no bootstrap) at each budget fraction: does the order hold early on?"""
     out: dict[str, dict[str, float | None]] = {}
     for f in settings.points:
         scores, games, _ = task_outcomes(tasks, arms, f, settings.tie_z)
         col: dict[str, float | None] = {}
-        for members, group in zip(comps, groups):
+        for group in groups:
+            members = [arms.index(a) for a in group["arms"]]
             if len(members) == 1:
                 col[arms[members[0]]] = None
                 continue
@@ -235,7 +250,7 @@ def unanimous_notes(table: dict[str, dict[str, Any]]) -> list[str]:
     return notes
 
 
-def graph_notes(groups: list[dict[str, Any]], arms: list[str], tasks: list[Task]) -> list[str]:
+def graph_notes(groups: list[dict[str, Any]], tasks: list[Task]) -> list[str]:
     notes = []
     if len(groups) > 1:
         parts = "; ".join("{" + ", ".join(g["arms"]) + "}" for g in groups)
