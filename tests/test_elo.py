@@ -14,6 +14,7 @@ import pytest
 from harness import elo, elo_render
 from harness.elo_data import EloInputError
 from harness.errors import HarnessError
+from harness.ledger import columns
 from fakes.elo_sim import SimArm, commit_of, tournament, true_elo, write_ledger
 from fakes.helpers import harness
 
@@ -336,3 +337,25 @@ def test_maximized_metrics_and_unknown_costs(tmp_path: Path):
     assert arms["x"]["usd_per_task"] == pytest.approx(0.02)
     assert arms["y"]["usd_per_task"] is None and arms["y"]["elo_per_usd"] is None  # an unpriced model
     assert "| y | 1.0k | unknown |" in elo_render.markdown(result)
+
+
+def test_arm_and_task_identity_rules(tmp_path: Path):
+    commit = commit_of("ids")
+
+    def put(folder: str, arm: str | None, model: str, final: float, repeat: int | None = None) -> None:
+        write_ledger(tmp_path / folder / "results.tsv", arm=arm, agent="codex", model=model, baseline_commit=commit,
+                     baseline=1.0, values=[("keep", final)], repeat=repeat)
+
+    put("t1/fast", "fast", "gpt-5.4-mini", 0.9)  # one arm name for two different models
+    put("t2/fast", "fast", "gpt-5.4", 0.8)
+    put("plain", None, "gpt-5.4", 0.85)  # no arm name: agent:model
+    (tmp_path / "fresh").mkdir()
+    (tmp_path / "fresh" / "results.tsv").write_text("\t".join(columns("val_bpb")) + "\n")  # no baseline yet
+    result = analyze([tmp_path], draws=0)
+    assert [a["arm"] for a in result["arms"]] == ["codex:gpt-5.4", "fast (codex:gpt-5.4-mini)", "fast (codex:gpt-5.4)"]
+    assert any("fresh" in n and "no measured baseline" in n for n in result["notes"])
+    # Two ledgers that claim the same arm and repeat of one workload are refused.
+    put("t3/fast", "fast", "gpt-5.4", 0.7, repeat=1)
+    put("t4/fast", "fast", "gpt-5.4", 0.6, repeat=1)
+    with pytest.raises(EloInputError, match="both arm fast"):
+        analyze([tmp_path / "t3", tmp_path / "t4"])
