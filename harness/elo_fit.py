@@ -85,6 +85,9 @@ def bootstrap_elo(scores: np.ndarray, games: np.ndarray, anchor: int, draws: int
     rng = np.random.default_rng(seed)
     t = scores.shape[0]
     out = np.empty((draws, scores.shape[1]))
+    if t == 1:  # every resample of one task is that task (one A/B): one fit says it all
+        out[:] = fit_elo(scores[0], games[0], anchor, l2)
+        return out
     for d in range(draws):
         counts = np.bincount(rng.integers(0, t, t), minlength=t).astype(float)
         out[d] = fit_elo(np.tensordot(counts, scores, axes=1), np.tensordot(counts, games, axes=1), anchor, l2)
