@@ -298,3 +298,39 @@ def report(paths, out):
     err.print("\n".join(built.summary["verdict"]["text"]))
     click.echo(built.markdown)
     click.echo(built.html)
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--budget", type=click.Choice(["gpu-hours", "tokens", "usd", "wall"]), default="gpu-hours",
+              show_default=True, help="Compare each task's arms at the spend of this they all reached.")
+@click.option("--anchor", default=None, help="The arm rated 1000 (default: the mutate control arm, else the first).")
+@click.option("--bootstrap", "draws", type=click.IntRange(0), default=1000, show_default=True,
+              help="Bootstrap draws over tasks for the intervals (0: none).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bootstrap.")
+@click.option("--ci", "level", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True,
+              help="Interval level.")
+@click.option("--tie-z", type=click.FloatRange(0), default=1.0, show_default=True,
+              help="A gap within this many standard errors of the task's noise floor is a tie.")
+@click.option("--arm-by", type=click.Choice(["researcher", "folder"]), default="researcher", show_default=True,
+              help="An arm is the arm name or agent:model (researcher), or each run folder's name (folder).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of markdown.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Also write elo.md, elo.json and the plots into this folder.")
+@friendly
+def elo(paths, out, as_json, **settings):
+    """Bradley-Terry Elo of researchers across tasks, from ledgers alone.
+
+    PATHS are run folders, A/B or tournament folders, or results.tsv files; every results.tsv
+    under a folder is read. docs/elo.md says what an arm and a task are.
+    """
+    import json
+
+    from . import elo as elo_mod, elo_render
+
+    result = elo_mod.analyze(list(paths), elo_mod.Settings(**settings), progress=lambda m: err.print(f"[dim]{m}[/]"))
+    text = elo_render.markdown(result)
+    if out is not None:
+        written = elo_mod.write(result, out, text)
+        err.print(f"wrote {', '.join(str(p) for p in written.values())}")
+    click.echo(json.dumps(result, indent=2, allow_nan=False) if as_json else text)

@@ -369,6 +369,10 @@ def summarize(paths: list[Path]) -> tuple[dict[str, Any], list[ArmData]]:
         "inputs": [str(p) for p in paths], "ab": setup,
         "arms": figs, "convergent": convergent(arms), "verdict": verdict(arms, figs),
     }
+    if len(arms) > 1:
+        from . import elo
+
+        summary["elo"] = elo.report_section(paths)  # Bradley-Terry across the runs' tasks
     return summary, arms
 
 

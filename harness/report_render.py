@@ -11,6 +11,8 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
+from . import elo_render
+
 STATUS_COLORS = {"keep": "#2ca02c", "discard": "#ff7f0e", "crash": "#d62728", "timeout": "#9467bd",
                  "invalid": "#7f7f7f", "skip": "#bcbd22", "budget": "#17becf", "repeat": "#aec7e8"}
 ARM_COLORS = ("#1f77b4", "#e377c2", "#8c564b", "#17becf", "#bcbd22", "#9467bd")
@@ -173,6 +175,7 @@ def blocks(summary: dict[str, Any], images: dict[str, Any]) -> list[tuple]:
     out += [("p", line) for line in summary["verdict"]["text"]]
     out.append(("h2", "Side by side"))
     out.append(("table", ["", *[f["label"] for f in arms]], table_rows(summary)))
+    out += elo_render.report_blocks(summary.get("elo"))
     out.append(("h2", "Plots"))
     out += [("p", note) for note in summary.get("notes", [])]
     for name, alt in (("best_vs_wall", "best-so-far against wall time"),

@@ -1,0 +1,304 @@
+"""`harness elo`: Bradley-Terry ratings of researchers (arms) across tasks, from ledgers alone.
+
+Within each task (elo_data.py says what arms and tasks are), every arm's best so far at the
+spend all of the task's arms reached is compared with every other's: a win, a loss, or a tie
+when the gap is within the task's noise floor. The pairs of all tasks are fitted at once
+(elo_fit.py), with intervals from a bootstrap over tasks; cost is normalised per task before
+it is averaged. Everything here is pure but `write`; docs/elo.md explains every figure.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from . import decide, elo_data, elo_fit
+from .elo_data import BUDGETS, EloInputError, Task
+
+POINTS = (0.25, 0.5, 0.75, 1.0)  # budget points, as fractions of each task's common budget
+DEFAULT_DRAWS = 1000
+DEFAULT_LEVEL = 0.95
+DEFAULT_TIE_Z = 1.0  # a tie: the gap is within this many standard errors of the difference
+CONTROL_AGENT = "mutate"
+FEW_TASKS = 5  # below this many compared tasks the intervals say little: a note says so
+
+
+@dataclass(frozen=True)
+class Settings:
+    budget: str = "gpu-hours"
+    anchor: str | None = None
+    draws: int = DEFAULT_DRAWS
+    seed: int = 0
+    level: float = DEFAULT_LEVEL
+    tie_z: float = DEFAULT_TIE_Z
+    points: tuple[float, ...] = POINTS
+    arm_by: str = "researcher"  # or "folder": each run folder's name is its arm
+
+
+# ---------------------------------------------------------------------------
+# Outcomes within tasks
+
+
+def outcome(task: Task, a: elo_data.BestSoFar, b: elo_data.BestSoFar, tie_z: float) -> float:
+    """a's score against b: 1 win, 0 loss, 0.5 when the gap is within the task's noise floor."""
+    gain = decide.improvement(a.value, b.value, task.direction)
+    gate = decide.GateSettings(gate="noise", direction=task.direction, z=tie_z)
+    if abs(gain) <= decide.threshold(gate, task.sigma, a.runs, b.runs):
+        return 0.5
+    return 1.0 if gain > 0 else 0.0
+
+
+def task_outcomes(tasks: list[Task], arms: list[str], fraction: float, tie_z: float):
+    """(scores, games: T x A x A, per-task records) at one budget point."""
+    index = {a: i for i, a in enumerate(arms)}
+    scores = np.zeros((len(tasks), len(arms), len(arms)))
+    games = np.zeros_like(scores)
+    records = []
+    for k, task in enumerate(tasks):
+        limit = fraction * elo_data.common_budget(task)
+        best = {arm: elo_data.best_so_far(t, task.budget, limit) for arm, t in task.trajectories.items()}
+        names = list(best)
+        for x, a in enumerate(names):
+            for b in names[x + 1:]:
+                s = outcome(task, best[a], best[b], tie_z)
+                i, j = index[a], index[b]
+                scores[k, i, j], scores[k, j, i] = s, 1 - s
+                games[k, i, j] = games[k, j, i] = 1
+        records.append({"task": task.label, "workload": task.workload, "repeat": task.repeat,
+                        "budget": task.budget, "compared_at": limit, "sigma": task.sigma,
+                        "curves": {a: elo_data.curve(t, task.budget) for a, t in task.trajectories.items()},
+                        "best": {a: {"value": v.value, "runs": v.runs, "tokens": v.tokens, "cost_usd": v.cost_usd,
+                                     "ledger": str(task.trajectories[a].path)} for a, v in best.items()}})
+    return scores, games, records
+
+
+# ---------------------------------------------------------------------------
+# Cost
+
+
+def normalised_cost(records: list[dict[str, Any]], key: str) -> dict[str, float | None]:
+    """Each arm's mean spend per task, every task weighed alike: spend / the task's mean over its
+    arms, averaged over tasks, times the mean task's spend. Doubling one task's spend for every
+    arm changes no arm's share. An arm whose spend a task does not know is left out of that task's
+    mean; None for an arm whose spend is unknown in every task."""
+    ratios: dict[str, list[float]] = {}
+    means = []
+    for rec in records:
+        spend = {a: b[key] for a, b in rec["best"].items() if b[key] is not None}  # unknown: left out
+        if not spend:
+            continue
+        m = statistics.fmean(spend.values())
+        means.append(m)
+        for arm, v in spend.items():
+            ratios.setdefault(arm, []).append(v / m if m > 0 else 0.0)
+    scale = statistics.fmean(means) if means else 0.0
+    arms = {a for rec in records for a in rec["best"]}
+    return {a: statistics.fmean(ratios[a]) * scale if a in ratios else None for a in arms}
+
+
+def per_unit(d_elo: float | None, spend: float | None, unit: float = 1.0) -> float | None:
+    return None if d_elo is None or not spend or spend <= 0 else d_elo / (spend / unit)
+
+
+# ---------------------------------------------------------------------------
+# The analysis
+
+
+def _anchor(arms: list[str], members: list[int], agents: dict[str, str | None], wanted: str | None) -> int:
+    if wanted is not None and arms.index(wanted) in members:
+        return arms.index(wanted)
+    controls = [i for i in members if agents.get(arms[i]) == CONTROL_AGENT]
+    return controls[0] if controls else members[0]
+
+
+def _record(arm: str, i: int, scores: np.ndarray, games: np.ndarray) -> dict[str, Any]:
+    won = scores[:, i, :].sum()
+    played = games[:, i, :].sum()
+    ties = float(((scores[:, i, :] == 0.5) & (games[:, i, :] > 0)).sum())
+    return {"arm": arm, "tasks": int((games[:, i, :].sum(axis=1) > 0).sum()), "games": int(played),
+            "wins": int(round(won - ties / 2)), "losses": int(round(played - won - ties / 2)), "ties": int(ties),
+            "win_rate": float(won / played) if played else None}
+
+
+def _fit_component(members: list[int], anchor: int, scores, games, settings: Settings):
+    sub = np.ix_(range(scores.shape[0]), members, members)
+    s, g = scores[sub], games[sub]
+    used = g.sum(axis=(1, 2)) > 0  # only the tasks that compare arms of this component
+    s, g = s[used], g[used]
+    a = members.index(anchor)
+    elo = elo_fit.fit_elo(s.sum(axis=0), g.sum(axis=0), a)
+    draws = elo_fit.bootstrap_elo(s, g, a, settings.draws, settings.seed) if settings.draws > 0 else None
+    cis = [None if draws is None else elo_fit.interval(draws[:, k], settings.level) for k in range(len(members))]
+    return elo, cis, int(used.sum())
+
+
+def _load(paths: list[Path], settings: Settings) -> tuple[list[elo_data.Trajectory], list[str]]:
+    loaded = [(p, elo_data.load(p, settings.arm_by)) for p in elo_data.find_ledgers(paths)]
+    trajs = [t for _, t in loaded if t is not None]
+    if not trajs:
+        raise EloInputError("no ledger has a measured baseline yet: nothing to compare.")
+    return trajs, [f"{p}: no measured baseline yet, left out." for p, t in loaded if t is None]
+
+
+def rate(arms: list[str], trajs: list[elo_data.Trajectory], scores: np.ndarray, games: np.ndarray,
+         settings: Settings) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """Each arm's record and rating, fitted per component of the comparison graph; the components."""
+    agents = {t.arm: t.agent for t in trajs}
+    models = {t.arm: t.model for t in reversed(trajs)}  # the first ledger's model
+    table: dict[str, dict[str, Any]] = {}
+    groups = []
+    for c, members in enumerate(elo_fit.components(games.sum(axis=0))):
+        anchor = _anchor(arms, members, agents, settings.anchor)
+        if len(members) == 1:
+            elo, cis, used = [None], [None], 0
+        else:
+            elo, cis, used = _fit_component(members, anchor, scores, games, settings)
+        groups.append({"arms": [arms[i] for i in members], "anchor": arms[anchor], "tasks": used})
+        for k, i in enumerate(members):
+            e = None if elo[k] is None or np.isnan(elo[k]) else float(elo[k])
+            table[arms[i]] = {**_record(arms[i], i, scores, games), "component": c, "elo": e,
+                              "ci": None if cis[k] is None else list(cis[k]),
+                              "agent": agents.get(arms[i]), "model": models.get(arms[i])}
+    return table, groups
+
+
+def add_cost(table: dict[str, dict[str, Any]], records: list[dict[str, Any]]) -> None:
+    """Tokens and dollars per task (normalised per task), and the gain over the anchor per each."""
+    for key, name in (("tokens", "tokens_per_task"), ("cost_usd", "usd_per_task")):
+        for arm, v in normalised_cost(records, key).items():
+            table[arm][name] = v
+    for row in table.values():
+        gain = None if row["elo"] is None else row["elo"] - elo_fit.ANCHOR_ELO
+        row["elo_per_1k_tokens"] = per_unit(gain, row.get("tokens_per_task"), 1000.0)
+        row["elo_per_usd"] = per_unit(gain, row.get("usd_per_task"))
+
+
+def analyze(paths: list[Path], settings: Settings = Settings(),
+            progress: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
+    """Everything `harness elo` shows, as one JSON-able dict."""
+    if settings.budget not in BUDGETS or settings.budget == "iterations":
+        raise EloInputError(f"unknown budget {settings.budget!r}; choose gpu-hours, tokens, usd or wall.")
+    trajs, notes = _load(paths, settings)
+    tasks = elo_data.build_tasks(trajs, settings.budget)
+    arms = list(dict.fromkeys(t.arm for t in trajs))
+    if settings.anchor is not None and settings.anchor not in arms:
+        raise EloInputError(f"--anchor {settings.anchor!r} is not an arm here; the arms are: {', '.join(arms)}.")
+    progress(f"{len(trajs)} ledgers, {len(arms)} arms, {len(tasks)} tasks; fitting with "
+             f"{settings.draws} bootstrap draws over tasks")
+    scores, games, records = task_outcomes(tasks, arms, 1.0, settings.tie_z)
+    table, groups = rate(arms, trajs, scores, games, settings)
+    add_cost(table, records)
+    notes += graph_notes(groups, tasks) + unanimous_notes(table)
+    return {"budget": settings.budget, "unit": BUDGETS[settings.budget][0], "level": settings.level,
+            "draws": settings.draws, "seed": settings.seed, "tie_z": settings.tie_z,
+            "anchor_elo": elo_fit.ANCHOR_ELO, "components": groups,
+            "arms": [table[a] for a in arms], "marginal": marginal(table, groups),
+            "by_budget": elo_by_point(tasks, arms, groups, settings), "tasks": records, "notes": notes,
+            "ledgers": [str(t.path) for t in trajs]}
+
+
+def elo_by_point(tasks: list[Task], arms: list[str], groups: list[dict[str, Any]],
+                 settings: Settings) -> dict[str, dict[str, float | None]]:
+    """Point estimates (no bootstrap) at each budget fraction: does the order hold early on?"""
+    out: dict[str, dict[str, float | None]] = {}
+    for f in settings.points:
+        scores, games, _ = task_outcomes(tasks, arms, f, settings.tie_z)
+        col: dict[str, float | None] = {}
+        for group in groups:
+            members = [arms.index(a) for a in group["arms"]]
+            if len(members) == 1:
+                col[arms[members[0]]] = None
+                continue
+            sub = np.ix_(members, members)
+            elo = elo_fit.fit_elo(scores.sum(axis=0)[sub], games.sum(axis=0)[sub],
+                                  members.index(arms.index(group["anchor"])))
+            col.update({arms[i]: None if np.isnan(e) else float(e) for i, e in zip(members, elo)})
+        out[f"{f:g}"] = col
+    return out
+
+
+def marginal(table: dict[str, dict[str, Any]], groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per component, arms ordered by tokens per task: what each step up in cost buys."""
+    out = []
+    for c, group in enumerate(groups):
+        rated = [table[a] for a in group["arms"] if table[a]["elo"] is not None]
+        rated.sort(key=lambda r: (r.get("tokens_per_task") or 0.0, r.get("usd_per_task") or 0.0, r["elo"]))
+        prev = None
+        for r in rated:
+            step = {"arm": r["arm"], "component": c, "vs": None, "d_elo": None, "d_tokens": None,
+                    "d_elo_per_1k_tokens": None}
+            if prev is not None:
+                d_tok = (r.get("tokens_per_task") or 0.0) - (prev.get("tokens_per_task") or 0.0)
+                step.update(vs=prev["arm"], d_elo=r["elo"] - prev["elo"], d_tokens=d_tok,
+                            d_elo_per_1k_tokens=per_unit(r["elo"] - prev["elo"], d_tok, 1000.0))
+            out.append(step)
+            prev = r
+    return out
+
+
+def unanimous_notes(table: dict[str, dict[str, Any]]) -> list[str]:
+    notes = []
+    for row in table.values():
+        if row["games"] and (row["wins"] == row["games"] or row["losses"] == row["games"]):
+            how = "won" if row["wins"] == row["games"] else "lost"
+            notes.append(f"{row['arm']} {how} every comparison: with no counter-example its distance to the others "
+                         f"is held finite only by the fit's small penalty, so read it as a bound, not an estimate.")
+    return notes
+
+
+def graph_notes(groups: list[dict[str, Any]], tasks: list[Task]) -> list[str]:
+    notes = []
+    if len(groups) > 1:
+        parts = "; ".join("{" + ", ".join(g["arms"]) + "}" for g in groups)
+        notes.append(f"The comparison graph is not connected: arms in different groups never met in a task, so "
+                     f"their ratings cannot be compared and each group is fitted on its own, with its own anchor. "
+                     f"Groups: {parts}. Run the missing arms on a shared workload and repeat to join them.")
+    alone = [t.label for t in tasks if len(t.trajectories) < 2]
+    if alone:
+        notes.append(f"{len(alone)} task(s) have one arm only and compare nothing: {', '.join(alone)}.")
+    compared = [t for t in tasks if len(t.trajectories) >= 2]
+    if 0 < len(compared) < FEW_TASKS:
+        notes.append(f"Only {len(compared)} task(s) compare arms: the bootstrap over tasks cannot show much of the "
+                     f"uncertainty (a unanimous result gets a zero-width interval). Add repeats or workloads.")
+    fallback = [t.label for t in tasks if t.budget == "iterations"]
+    if fallback:
+        notes.append(f"Task(s) {', '.join(fallback)}: a ledger lacks the budget's column, so these arms were "
+                     f"compared after the same number of experiments instead.")
+    return notes
+
+
+# ---------------------------------------------------------------------------
+# Output
+
+
+REPORT_DRAWS = 200  # the comparison report's section: quicker than `harness elo`'s default
+
+
+def report_section(paths: list[Path]) -> dict[str, Any]:
+    """The Elo result for the comparison report's runs (without the curves), or why there is none."""
+    try:
+        result = analyze(paths, Settings(draws=REPORT_DRAWS, points=(1.0,)))
+    except EloInputError as e:
+        return {"error": str(e)}
+    for task in result["tasks"]:
+        task.pop("curves", None)
+    return result
+
+
+def write(result: dict[str, Any], out: Path, markdown: str) -> dict[str, Path]:
+    """elo.md and elo.json (and the plots, when matplotlib is there) under out."""
+    from . import elo_render
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"markdown": out / "elo.md", "json": out / "elo.json"}
+    paths["markdown"].write_text(markdown)
+    paths["json"].write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
+    for name, png in elo_render.plots(result).items():
+        paths[name] = out / f"{name}.png"
+        paths[name].write_bytes(png)
+    return paths
