@@ -9,7 +9,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from . import __version__, loop, pipeline as pipeline_mod, rerun as rerun_mod, status as status_mod
+from . import __version__, loop, pipeline as pipeline_mod, rerun as rerun_mod, status as status_mod, track as track_mod
 from .config import resolve
 from .errors import HarnessError
 from .initrepo import init_example, init_repo
@@ -67,6 +67,8 @@ def run_options(fn):
         click.option("--repair-turns", type=int, default=None, help="openai: follow-ups when an edit does not apply (default 2)."),
         click.option("--prices", type=click.Path(dir_okay=False, exists=True), default=None,
                      help="A TOML price file over the packaged table (also $HARNESS_PRICES)."),
+        click.option("--track", default=None, metavar="mlflow[:URI]",
+                     help="Log every experiment to MLflow (default URI sqlite:///runs/mlflow.db; see docs/tracking.md)."),
         click.option("--force", is_flag=True, default=None, help="Resume even if the model, backend, base URL or key changed."),
         click.option("--resume", is_flag=True, help="Continue the run with this tag."),
     ]
@@ -120,6 +122,16 @@ def print_summary(summary: loop.Summary) -> None:
     err.print(f"tokens in {summary.input_tokens}, out {summary.output_tokens}; cost {cost}")
 
 
+def finish_tracking() -> None:
+    """The tracker's last sync (bounded by track_timeout), and where the experiments are."""
+    for out in track_mod.finish():
+        if out.complete and out.result is not None:
+            err.print(f"tracked: {out.result.rows} rows in experiment {out.result.experiment!r} at {out.uri}")
+        else:
+            err.print(f"[yellow]tracking incomplete[/] at {out.uri}: the ledger has every row; "
+                      f"`harness track {out.run_dir}` logs the missing ones")
+
+
 @click.group()
 @click.version_option(__version__, prog_name="harness")
 def main() -> None:
@@ -140,6 +152,7 @@ def run(repo, tag, resume, hours, iterations, pipeline, gpus, **flags):
                        gpus=pipeline_mod.parse_gpus(gpus) or None, **flags)
     summary = pipeline_mod.run(cfg, resume=resume, progress=show_progress)
     print_summary(summary)
+    finish_tracking()
 
 
 @main.command()
@@ -151,6 +164,7 @@ def step(repo, tag, resume, **flags):
     exists = cfg.run_dir.joinpath("results.tsv").exists()
     summary = pipeline_mod.run(cfg, resume=resume or exists, progress=show_progress, max_steps=1)
     print_summary(summary)
+    finish_tracking()
 
 
 @main.command()
@@ -260,6 +274,7 @@ def ab(repo, tag, resume, agent, model, agent_a, agent_b, model_a, model_b, sche
     for name, summary in result.summaries.items():
         err.print(f"\n[bold]arm {name}[/]")
         print_summary(summary)
+    finish_tracking()
     err.print("\n" + "\n".join(result.report.summary["verdict"]["text"]))
     click.echo(result.report.markdown)
 
@@ -281,3 +296,19 @@ def report(paths, out):
     err.print("\n".join(built.summary["verdict"]["text"]))
     click.echo(built.markdown)
     click.echo(built.html)
+
+
+@main.command("track")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--uri", default=None, help="Tracking URI (default: the run's track_uri, else sqlite:///runs/mlflow.db).")
+@friendly
+def track_cmd(paths, uri):
+    """Log run folders (or A/B folders) to MLflow now: what is missing is logged, nothing twice.
+
+    For a run made without --track, or while the tracker was down.
+    """
+    for path in paths:
+        for run_dir in track_mod.run_dirs(path):
+            result = track_mod.backfill(run_dir, uri=uri)
+            click.echo(f"{run_dir}: {result.logged} new of {result.rows} rows in experiment "
+                       f"{result.experiment!r} at {result.uri}")

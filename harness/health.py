@@ -18,7 +18,7 @@ import statistics
 from collections import Counter
 from typing import Any, Callable
 
-from . import decide, events, ledger, ledgerguard
+from . import decide, events, ledger, ledgerguard, track
 from .gitgate import GitGate
 from .ledger import Row
 from .step import Context, RunState, evaluate, repeat_row
@@ -126,6 +126,7 @@ class Monitor:
         return None
 
     def after_row(self, row: Row) -> None:
+        track.after_row(self.cfg)  # experiment tracking: nudges a background sync of the ledger, never blocks
         if row.agent_s is None:
             return
         tokens = self._tokens(row)
@@ -148,7 +149,7 @@ class Monitor:
         # A scratch worktree at the best: the run's worktrees may hold candidates meanwhile.
         best_commit = state.best_commit
         with GitGate(cfg.repo).scratch_worktree(best_commit) as worktree:
-            result = evaluate(cfg, worktree, log, seed)
+            result = evaluate(cfg, worktree, log, seed, iteration=best.get("iteration") or 0, commit=best_commit)
         row = repeat_row(cfg, result, best.get("iteration") or 0, best_commit, seed, log,
                          self.ctx.researcher.name, cfg.model)
         recorded, value = state.best_value, result.value(cfg.metric)

@@ -133,12 +133,12 @@ def baseline(ctx: Context, state_base: str, progress: Progress) -> RunState:
     progress("baseline", {"commit": state_base, "runs": cfg.baseline_runs})
     log = cfg.logs_dir / "iter-0000.log"
     started_at, t0 = now_iso(), time.monotonic()
-    result = evaluate(cfg, cfg.worktree, log, cfg.seed)
+    result = evaluate(cfg, cfg.worktree, log, cfg.seed, iteration=0, commit=state_base)
     model = pricing.resolve_model(cfg.model) or ""
     repeats, values = [], [result.value(cfg.metric)]
     for j in range(1, cfg.baseline_runs if result.status == "ok" else 1):
         log_j = cfg.logs_dir / f"iter-0000-r{j}.log"
-        rerun = evaluate(cfg, cfg.worktree, log_j, cfg.seed + j)
+        rerun = evaluate(cfg, cfg.worktree, log_j, cfg.seed + j, iteration=0, commit=state_base)
         repeats.append(repeat_row(cfg, rerun, 0, state_base, cfg.seed + j, log_j, ctx.researcher.name, model))
         if rerun.status != "ok":
             result, log = rerun, log_j

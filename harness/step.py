@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import decide, faults, guard, ledger, pricing, prompt, rebase, seal
+from . import decide, faults, guard, ledger, pricing, prompt, rebase, seal, track
 from .agents import Proposal, Researcher, Task, Usage
 from .config import RunConfig
 from .gitgate import Worktree, content_hash, sha256_file
@@ -128,7 +128,8 @@ def preflight(ctx: Context) -> str | None:
 
 
 def evaluate(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
-             cancel: threading.Event | None = None) -> TrainResult:
+             cancel: threading.Event | None = None, iteration: int | None = None,
+             commit: str | None = None) -> TrainResult:
     """Train the code in worktree once under the hard deadline (cancel set = KeyboardInterrupt).
 
     Protected files are checked (and restored) before the job and checked after it; a sealed
@@ -137,6 +138,7 @@ def evaluate(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
     result_file = log_path.with_suffix(".result.json")
     extra = {"HARNESS_TIME_BUDGET": f"{cfg.time_budget:g}", "HARNESS_SEED": str(seed),
              "HARNESS_RESULT_FILE": str(result_file)}
+    extra.update(track.job_env(cfg, iteration, commit))  # HARNESS_RUN/_ITERATION/_COMMIT/_TRACKING_URI
     if cfg.max_steps is not None:
         extra["HARNESS_MAX_STEPS"] = str(cfg.max_steps)
     if cfg.gpu is not None:  # an A/B arm's (or a lane's) own GPU
@@ -364,7 +366,8 @@ def measure(ctx: Context, state: RunState, cand: Candidate, best_runs: int, sigm
         state.last_failure_log = train_log
         return Measured("", [], [], description, None, train_log,
                         cand.row(ctx, "crash", f"{description} [{problem}]", log=train_log))
-    result = evaluate(cfg, ctx.wt.path, train_log, cfg.seed, cancel=cancel)
+    result = evaluate(cfg, ctx.wt.path, train_log, cfg.seed, cancel=cancel, iteration=cand.iteration,
+                      commit=cand.commit)
     if result.status != "ok":
         state.last_failure_log = train_log
         return Measured("", [], [], description, result, train_log,
@@ -375,7 +378,8 @@ def measure(ctx: Context, state: RunState, cand: Candidate, best_runs: int, sigm
     if verdict == decide.CONFIRM:
         for j in range(1, cfg.confirm + 1):
             log_j = cfg.logs_dir / f"iter-{cand.iteration:04d}-r{j}.log"
-            rerun = evaluate(cfg, ctx.wt.path, log_j, cfg.seed + j, cancel=cancel)
+            rerun = evaluate(cfg, ctx.wt.path, log_j, cfg.seed + j, cancel=cancel, iteration=cand.iteration,
+                             commit=cand.commit)
             repeats.append(repeat_row(cfg, rerun, cand.iteration, cand.commit, cfg.seed + j, log_j,
                                       ctx.researcher.name, cand.model))
             if rerun.status != "ok":
