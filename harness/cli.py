@@ -9,7 +9,8 @@ from typing import Any
 import click
 from rich.console import Console
 
-from . import __version__, loop, pipeline as pipeline_mod, rerun as rerun_mod, status as status_mod, track as track_mod
+from . import __version__, loop, pipeline as pipeline_mod, rerun as rerun_mod, status as status_mod, trainenv
+from . import track as track_mod
 from .config import resolve
 from .errors import HarnessError
 from .initrepo import init_example, init_repo
@@ -217,6 +218,9 @@ def init(repo, example):
     if example is not None:
         path = init_example(example)
         err.print(f"created {path} with the bundled workload. Next: cd {path} && harness run --agent mutate --iterations 5 --time-budget 10")
+        if trainenv.versions("python train.py", path).get("torch") is None:
+            err.print("[yellow]its train.py needs torch[/], which `python` here does not have: "
+                      "pip install 'autoresearch-harness\\[workload]' (or your CUDA build of torch)")
         return
     for line in init_repo(repo):
         err.print(line)

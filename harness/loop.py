@@ -14,11 +14,10 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
-from . import __version__, decide, events, health, ledger, ledgerguard, pricing, recovery, seal
+from . import __version__, decide, events, health, ledger, ledgerguard, pricing, recovery, seal, trainenv
 from .agents import Researcher, make_researcher, routing_mismatch
 from .config import RunConfig
 from .errors import RepoError
@@ -100,16 +99,12 @@ def device_name() -> str:
 
 
 def write_manifest(cfg: RunConfig, researcher: Researcher, base: str, program: str) -> None:
-    def version(pkg: str) -> str | None:
-        try:
-            return metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            return None
-
+    training = trainenv.versions(cfg.train_command, cfg.worktree)  # the job's interpreter, not ours
     manifest = {
         "harness_version": __version__, "tag": cfg.tag, "branch": cfg.branch,
         "baseline_commit": base, "created_at": now_iso(), "config": cfg.to_json(),
-        "python": sys.version.split()[0], "torch": version("torch"), "device": device_name(),
+        "python": sys.version.split()[0], "torch": training.get("torch"),
+        "training_env": training, "device": device_name(),
         "agent": researcher.name, "model": pricing.resolve_model(cfg.model),
         "researcher": researcher.describe(),
         "program_sha256": hashlib.sha256(program.encode()).hexdigest(),
