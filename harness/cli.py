@@ -125,7 +125,12 @@ def print_summary(summary: loop.Summary) -> None:
 
 def finish_tracking() -> None:
     """The tracker's last sync (bounded by track_timeout), and where the experiments are."""
-    for out in track_mod.finish():
+    try:
+        outcomes = track_mod.finish()
+    except KeyboardInterrupt:  # a second Ctrl-C: the ledger is complete, the back-fill can wait
+        err.print("[yellow]tracking interrupted[/]: `harness track RUN_DIR` logs what is missing")
+        return
+    for out in outcomes:
         if out.complete and out.result is not None:
             err.print(f"tracked: {out.result.rows} rows in experiment {out.result.experiment!r} at {out.uri}")
         else:

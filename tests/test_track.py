@@ -264,3 +264,17 @@ def test_bad_track_settings_say_what_to_do(tmp_path: Path, spec: str, message: s
                                        "--track", spec], catch_exceptions=False)
     assert result.exit_code != 0 and message in result.output
     assert not (repo / "runs/x").exists()
+
+
+def test_ab_arms_are_experiments_and_the_ab_folder_back_fills(tmp_path: Path):
+    repo = make_repo(tmp_path / "r")
+    result = CliRunner().invoke(main, ["ab", "--repo", str(repo), "--tag", "duel", "--agent", "mutate",
+                                       "--iterations", "2", "--track", "mlflow"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == str(repo / "runs/duel/report.md")  # stdout stays the data channel
+    uri = f"sqlite:///{repo / 'runs/mlflow.db'}"
+    for arm in "ab":
+        runs = check_figures(uri, repo / "runs/duel" / arm, f"duel-{arm}")
+        assert {r.data.params["arm"] for r in runs.values()} == {arm}
+    out = " ".join(harness("track", str(repo / "runs/duel")).split())
+    assert out.count("0 new of") == 2
