@@ -278,3 +278,23 @@ def test_ab_arms_are_experiments_and_the_ab_folder_back_fills(tmp_path: Path):
         assert {r.data.params["arm"] for r in runs.values()} == {arm}
     out = " ".join(harness("track", str(repo / "runs/duel")).split())
     assert out.count("0 new of") == 2
+
+
+def test_records_keys_parents_and_best_so_far(tmp_path: Path):
+    """Pure: lanes finish out of order, a health re-run repeats an older best, a budget row ends it."""
+    from harness.track.records import build
+
+    def row(status, it, metric=None, **kw):
+        return {"status": status, "iteration": it, "metric": metric, "commit": kw.pop("commit", f"c{it}"),
+                "parent": kw.pop("parent", "c0"), "description": f"row {it}", **kw}
+
+    rows = [row("keep", 0, 1.0, parent=""), row("repeat", 0, 1.01, candidate=0, seed=43),
+            row("discard", 2, 1.2), row("keep", 1, 0.9, mean=0.91), row("repeat", 1, 0.92, candidate=1, seed=43),
+            row("crash", 3), row("repeat", 1, 0.93, candidate=1, seed=1004), row("budget", 4, commit="c1")]
+    recs = build(rows, "n", "val_bpb", tmp_path)
+    assert [r.key for r in recs] == [f"n/{i}" for i in range(8)]
+    assert [r.parent_key for r in recs] == [None, "n/0", None, None, "n/3", None, "n/3", None]
+    assert [r.best for r in recs] == [1.0, None, 1.0, 0.91, None, 0.91, None, 0.91]  # the decided (mean) value
+    assert [r.step for r in recs] == [0, 0, 2, 1, 1, 3, 1, 4]
+    assert recs[5].failed and not recs[2].failed and "val_bpb" not in recs[5].metrics
+    assert recs[2].diff == ("c0", "c2") and recs[0].diff is None and recs[7].diff is None
