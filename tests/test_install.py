@@ -11,7 +11,6 @@ import os
 import re
 import subprocess
 import sys
-import sysconfig
 import venv
 import zipfile
 from pathlib import Path

@@ -21,6 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from harness import events, ledger
 from harness.cli import main
+from harness.track.records import build
 
 from conftest import FAKE_TRAIN, ROOT, make_repo
 
@@ -138,7 +139,7 @@ def test_every_row_is_a_run_on_a_tracking_server(tmp_path: Path, server: Server)
     repo = make_repo(tmp_path / "r", train_source=ENV_TRAIN)
     out = harness("run", "--repo", str(repo), "--tag", "night", "--agent", "mutate", "--iterations", "4",
                   "--track", f"mlflow:{server.uri}")
-    assert f"tracked: " in out
+    assert "tracked: " in out
     run_dir = repo / "runs/night"
     runs = check_figures(server.uri, run_dir, "night")
     rows = ledger.read_rows(run_dir / "results.tsv")
@@ -282,8 +283,6 @@ def test_ab_arms_are_experiments_and_the_ab_folder_back_fills(tmp_path: Path):
 
 def test_records_keys_parents_and_best_so_far(tmp_path: Path):
     """Pure: lanes finish out of order, a health re-run repeats an older best, a budget row ends it."""
-    from harness.track.records import build
-
     def row(status, it, metric=None, **kw):
         return {"status": status, "iteration": it, "metric": metric, "commit": kw.pop("commit", f"c{it}"),
                 "parent": kw.pop("parent", "c0"), "description": f"row {it}", **kw}
