@@ -297,3 +297,21 @@ def test_records_keys_parents_and_best_so_far(tmp_path: Path):
     assert [r.step for r in recs] == [0, 0, 2, 1, 1, 3, 1, 4]
     assert recs[5].failed and not recs[2].failed and "val_bpb" not in recs[5].metrics
     assert recs[2].diff == ("c0", "c2") and recs[0].diff is None and recs[7].diff is None
+
+
+def test_a_back_fill_during_the_live_sync_logs_nothing_twice(tmp_path: Path):
+    source = FAKE_TRAIN.replace("SLEEP_S = 0.0", "SLEEP_S = 0.3")
+    repo = make_repo(tmp_path / "r", train_source=source, extra='track = "mlflow"\n')
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "harness", "run", "--repo", str(repo), "--tag", "both", "--agent", "mutate",
+           "--iterations", "5", "--baseline-runs", "1"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_dir, syncs = repo / "runs/both", 0
+    while proc.poll() is None:
+        if (run_dir / "results.tsv").exists() and (run_dir / "run.json").exists():
+            harness("track", str(run_dir))
+            syncs += 1
+        time.sleep(0.1)
+    assert proc.returncode == 0, proc.communicate()[1]
+    assert syncs >= 2
+    check_figures(f"sqlite:///{repo / 'runs/mlflow.db'}", run_dir, "both")

@@ -7,7 +7,10 @@ can be repeated at any time without duplicating a row.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -16,6 +19,9 @@ from .. import ledger
 from ..errors import TrackError
 from ..gitgate import GitGate
 from .records import Record, build
+
+LOCK = ".track.lock"  # in the run folder: one sync of a run at a time (the live one or `harness track`)
+LOCK_WAIT_S = 120.0  # s a sync waits for another one of the same run
 
 
 class Tracker(Protocol):
@@ -79,8 +85,33 @@ def _diff(info: RunInfo, rec: Record) -> str | None:
         return None
 
 
+@contextlib.contextmanager
+def _one_sync(run_dir: Path):
+    """Two syncs of one run at once could each log a row the other is logging: they take turns."""
+    with open(run_dir / LOCK, "a") as f:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TrackError(f"another sync of {run_dir} has held it for over {LOCK_WAIT_S:g}s (a "
+                                     f"running harness waiting on its tracker?); try again later") from None
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def sync_run(info: RunInfo, tracker: Tracker) -> SyncResult:
-    """Log every ledger row the tracker does not hold yet, in ledger order."""
+    """Log every ledger row the tracker does not hold yet, in ledger order (one sync of a run at a time)."""
+    with _one_sync(info.run_dir):
+        return _sync(info, tracker)
+
+
+def _sync(info: RunInfo, tracker: Tracker) -> SyncResult:
     rows = ledger.read_rows(info.run_dir / "results.tsv")
     records = build(rows, info.tag, info.metric, info.run_dir)
     tracker.open(info.tag)
