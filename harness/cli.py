@@ -11,7 +11,8 @@ from rich.console import Console
 
 import sys
 
-from . import __version__, driver, pipeline as pipeline_mod, rerun as rerun_mod, runs, status as status_mod
+from . import __version__, driver, pipeline as pipeline_mod, rerun as rerun_mod, runs, status as status_mod, trainenv
+from . import track as track_mod
 from .config import resolve
 from .errors import HarnessError
 from .initrepo import init_example, init_repo
@@ -69,6 +70,8 @@ def run_options(fn):
         click.option("--repair-turns", type=int, default=None, help="openai: follow-ups when an edit does not apply (default 2)."),
         click.option("--prices", type=click.Path(dir_okay=False, exists=True), default=None,
                      help="A TOML price file over the packaged table (also $HARNESS_PRICES)."),
+        click.option("--track", default=None, metavar="mlflow[:URI]",
+                     help="Log every experiment to MLflow (default URI sqlite:///runs/mlflow.db; see docs/tracking.md)."),
         click.option("--force", is_flag=True, default=None, help="Resume even if the model, backend, base URL or key changed."),
         click.option("--resume", is_flag=True, help="Continue the run with this tag."),
     ]
@@ -122,6 +125,21 @@ def print_summary(summary: runs.Summary) -> None:
     err.print(f"tokens in {summary.input_tokens}, out {summary.output_tokens}; cost {cost}")
 
 
+def finish_tracking() -> None:
+    """The tracker's last sync (bounded by track_timeout), and where the experiments are."""
+    try:
+        outcomes = track_mod.finish()
+    except KeyboardInterrupt:  # a second Ctrl-C: the ledger is complete, the back-fill can wait
+        err.print("[yellow]tracking interrupted[/]: `harness track RUN_DIR` logs what is missing")
+        return
+    for out in outcomes:
+        if out.complete and out.result is not None:
+            err.print(f"tracked: {out.result.rows} rows in experiment {out.result.experiment!r} at {out.uri}")
+        else:
+            err.print(f"[yellow]tracking incomplete[/] at {out.uri}: the ledger has every row; "
+                      f"`harness track {out.run_dir}` logs the missing ones")
+
+
 @click.group()
 @click.version_option(__version__, prog_name="harness")
 def main() -> None:
@@ -142,6 +160,7 @@ def run(repo, tag, resume, hours, iterations, pipeline, gpus, **flags):
                        gpus=pipeline_mod.parse_gpus(gpus) or None, **flags)
     summary, interrupted = driver.single(cfg, make_researcher(cfg), resume, show_progress, pipeline_mod.pipelined(cfg))
     print_summary(summary)
+    finish_tracking()
     exit_for(interrupted)
 
 
@@ -166,6 +185,7 @@ def step(repo, tag, resume, **flags):
     summary, interrupted = driver.single(cfg, make_researcher(cfg), resume or exists, show_progress,
                                          pipelined=False, steps=1)
     print_summary(summary)
+    finish_tracking()
     exit_for(interrupted)
 
 
@@ -219,6 +239,9 @@ def init(repo, example):
     if example is not None:
         path = init_example(example)
         err.print(f"created {path} with the bundled workload. Next: cd {path} && harness run --agent mutate --iterations 5 --time-budget 10")
+        if trainenv.versions("python train.py", path).get("torch") is None:
+            err.print("[yellow]its train.py needs torch[/], which `python` here does not have: "
+                      "pip install 'autoresearch-harness\\[workload]' (or your CUDA build of torch)")
         return
     for line in init_repo(repo):
         err.print(line)
@@ -276,6 +299,7 @@ def ab(repo, tag, resume, agent, model, agent_a, agent_b, model_a, model_b, sche
     for name, summary in result.summaries.items():
         err.print(f"\n[bold]arm {name}[/]")
         print_summary(summary)
+    finish_tracking()
     err.print("\n" + "\n".join(result.report.summary["verdict"]["text"]))
     click.echo(result.report.markdown)
     exit_for(result.interrupted)
@@ -334,3 +358,19 @@ def elo(paths, out, as_json, **settings):
         written = elo_mod.write(result, out, text)
         err.print(f"wrote {', '.join(str(p) for p in written.values())}")
     click.echo(json.dumps(result, indent=2, allow_nan=False) if as_json else text)
+
+
+@main.command("track")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--uri", default=None, help="Tracking URI (default: the run's track_uri, else sqlite:///runs/mlflow.db).")
+@friendly
+def track_cmd(paths, uri):
+    """Log run folders (or A/B folders) to MLflow now: what is missing is logged, nothing twice.
+
+    For a run made without --track, or while the tracker was down.
+    """
+    for path in paths:
+        for run_dir in track_mod.run_dirs(path):
+            result = track_mod.backfill(run_dir, uri=uri)
+            click.echo(f"{run_dir}: {result.logged} new of {result.rows} rows in experiment "
+                       f"{result.experiment!r} at {result.uri}")

@@ -5,6 +5,7 @@ Resolved once into a frozen RunConfig; everything downstream reads only that obj
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 import sys
 from dataclasses import dataclass, field
@@ -48,9 +49,13 @@ WORKLOAD_DEFAULTS: dict[str, Any] = {
     "policy": True,  # static check of proposed diffs for known cheats (policy.py)
     "health_every": 25,  # iterations between health checkpoints; 0 = none
     "on_unhealthy": "stop",  # stop | continue, when a health checkpoint fails
+    "track": None,  # experiment tracker: "mlflow" (or "mlflow:URI"); None = none (harness/track/)
+    "track_uri": None,  # the tracker's URI; None = sqlite:///runs/mlflow.db in the research repo
+    "track_timeout": 30,  # s the end of a run waits for the tracker to catch up
 }
 
 RENAMED = {"stall_after": "stall_after_min"}
+TRACKERS = ("mlflow",)
 
 TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
@@ -112,6 +117,18 @@ def _check_value(key: str, value: Any) -> Any:
     if key == "health_every":
         want(isinstance(value, int) and not isinstance(value, bool) and value >= 0, "a non-negative integer")
         return value
+    if key == "track":
+        backend = value.partition(":")[0] if isinstance(value, str) else value
+        want(value is None or backend in (*TRACKERS, "none"),
+             f"one of {', '.join(TRACKERS)} (optionally with :URI, e.g. mlflow:http://127.0.0.1:5000) or none")
+        return None if backend == "none" else value
+    if key == "track_uri":
+        want(value is None or (isinstance(value, str) and value.strip() != ""), "a tracking URI")
+        return value
+    if key == "track_timeout":
+        want(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
+             "a non-negative number of seconds")
+        return float(value)
     if key == "on_unhealthy":
         want(value in ("stop", "continue"), "'stop' or 'continue'")
         return value
@@ -181,6 +198,9 @@ class RunConfig:
     on_unhealthy: str = "stop"
     pipeline: bool | None = None  # propose the next candidate while one trains; None = when safe
     gpus: tuple[str, ...] = ()  # one lane per GPU (--gpus 0,1,2,3); () = one lane, inherited GPU
+    track: str | None = None  # see WORKLOAD_DEFAULTS
+    track_uri: str | None = None
+    track_timeout: float = 30.0  # s
 
     @property
     def branch(self) -> str:
@@ -238,6 +258,14 @@ def resolve(repo: Path, tag: str, overrides: dict[str, Any]) -> RunConfig:
             extra[key] = value
         else:
             merged[key] = _check_value(key, value)
+    if merged["track"] and ":" in merged["track"]:  # --track mlflow:URI
+        merged["track"], merged["track_uri"] = merged["track"].split(":", 1)
+        if not merged["track_uri"].strip():
+            raise ConfigError("--track mlflow: needs a URI after the colon (e.g. mlflow:http://127.0.0.1:5000), "
+                              "or plain --track mlflow for sqlite:///runs/mlflow.db")
+    if merged["track"] == "mlflow" and importlib.util.find_spec("mlflow") is None:
+        raise ConfigError("--track mlflow needs the mlflow package: pip install 'autoresearch-harness[track]' "
+                          "(or run without --track; `harness track RUN_DIR` can log the run later)")
     if merged["kill_after"] is None:
         merged["kill_after"] = 2 * merged["time_budget"] + 120
     for key in ("editable", "protected"):

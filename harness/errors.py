@@ -19,3 +19,7 @@ class AgentError(HarnessError):
 
 class LedgerError(HarnessError):
     """The ledger cannot be written (disk full) or its record of rows cannot be trusted."""
+
+
+class TrackError(HarnessError):
+    """The experiment tracker cannot be used (not installed, unreachable, or the run is not one)."""

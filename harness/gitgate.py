@@ -129,6 +129,13 @@ class GitGate:
             shutil.rmtree(path, ignore_errors=True)
         self.prune()
 
+    def diff(self, parent: str, commit: str, paths: tuple[str, ...]) -> str | None:
+        """The unified diff (read-only: safe beside a running loop) parent..commit of paths, or None where either commit is gone."""
+        try:
+            return self.repo.git.diff(parent, commit, "--", *paths)
+        except git.GitCommandError:
+            return None
+
     def worktree(self, path: Path) -> "Worktree":
         return Worktree(path)
 

@@ -18,7 +18,7 @@ import statistics
 from collections import Counter
 from typing import Any, Callable
 
-from . import decide, events, ledger, ledgerguard
+from . import decide, events, ledger, ledgerguard, track
 from .ledger import Row
 from .step import Context, RunState, repeat_row, train
 
@@ -125,6 +125,7 @@ class Monitor:
         return None
 
     def after_row(self, row: Row) -> None:
+        track.after_row(self.cfg)  # experiment tracking: nudges a background sync of the ledger, never blocks
         if row.agent_s is None:
             return
         tokens = self._tokens(row)
@@ -145,7 +146,7 @@ class Monitor:
         seed = cfg.seed + HEALTH_SEED_OFFSET + it
         log = cfg.logs_dir / f"iter-{it:04d}-health.log"
         best_commit = state.best_commit  # trained by commit, in an executor slot of its own
-        result = train(self.ctx, best_commit, log, seed)
+        result = train(self.ctx, best_commit, log, seed, iteration=best.get("iteration") or 0)
         row = repeat_row(cfg, result, best.get("iteration") or 0, best_commit, seed, log,
                          self.ctx.researcher.name, cfg.model)
         recorded, value = state.best_value, result.value(cfg.metric)

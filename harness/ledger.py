@@ -192,20 +192,6 @@ def _parse(key: str, raw: str) -> Any:
     return raw
 
 
-def load_frame(path: Path):
-    """The ledger as a pandas DataFrame with every schema column present (missing = NaN/None)."""
-    import pandas as pd
-
-    rows = read_rows(path)
-    metric = metric_name(path) or "metric"
-    frame = pd.DataFrame(rows)
-    for col in ["commit", "metric", *TAIL_COLUMNS]:
-        if col not in frame.columns:
-            frame[col] = None
-    frame.attrs["metric"] = metric
-    return frame
-
-
 def best_row(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The current best is the last kept row (each keep beat the one before it)."""
     kept = [r for r in rows if r.get("status") == "keep"]

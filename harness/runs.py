@@ -15,13 +15,12 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
 import git
 
-from . import __version__, decide, ledger, ledgerguard, pricing, seal
+from . import __version__, decide, ledger, ledgerguard, pricing, seal, trainenv
 from .agents import Researcher, make_researcher, routing_mismatch
 from .config import RunConfig
 from .errors import RepoError
@@ -103,16 +102,12 @@ def device_name() -> str:
 
 
 def write_manifest(cfg: RunConfig, researcher: Researcher, base: str, program: str) -> None:
-    def version(pkg: str) -> str | None:
-        try:
-            return metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            return None
-
+    training = trainenv.versions(cfg.train_command, cfg.worktree)  # the job's interpreter, not ours
     manifest = {
         "harness_version": __version__, "tag": cfg.tag, "branch": cfg.branch,
         "baseline_commit": base, "created_at": now_iso(), "config": cfg.to_json(),
-        "python": sys.version.split()[0], "torch": version("torch"), "device": device_name(),
+        "python": sys.version.split()[0], "torch": training.get("torch"),
+        "training_env": training, "device": device_name(),
         "agent": researcher.name, "model": pricing.resolve_model(cfg.model),
         "researcher": researcher.describe(),
         "program_sha256": hashlib.sha256(program.encode()).hexdigest(),
@@ -167,12 +162,12 @@ def baseline(ctx: Context, state: RunState, progress: Progress) -> None:
     progress("baseline", {"commit": base, "runs": cfg.baseline_runs})
     log = cfg.logs_dir / "iter-0000.log"
     started_at, t0 = now_iso(), time.monotonic()
-    result = train(ctx, base, log, cfg.seed)
+    result = train(ctx, base, log, cfg.seed, iteration=0)
     model = pricing.resolve_model(cfg.model) or ""
     repeats, values = [], [result.value(cfg.metric)]
     for j in range(1, cfg.baseline_runs if result.status == "ok" else 1):
         log_j = cfg.logs_dir / f"iter-0000-r{j}.log"
-        rerun = train(ctx, base, log_j, cfg.seed + j)
+        rerun = train(ctx, base, log_j, cfg.seed + j, iteration=0)
         repeats.append(repeat_row(cfg, rerun, 0, base, cfg.seed + j, log_j, ctx.researcher.name, model))
         if rerun.status != "ok":
             result, log = rerun, log_j

@@ -130,9 +130,10 @@ def preflight(ctx: Context) -> str | None:
     return None
 
 
-def train(ctx: Context, commit: str, log_path: Path, seed: int, cancel: threading.Event | None = None) -> TrainResult:
+def train(ctx: Context, commit: str, log_path: Path, seed: int, cancel: threading.Event | None = None,
+          iteration: int | None = None) -> TrainResult:
     """Train commit once on the run's executor (cancel set, or Ctrl-C while waiting = KeyboardInterrupt)."""
-    job = Job(ctx.cfg, commit, seed, log_path)
+    job = Job(ctx.cfg, commit, seed, log_path, iteration=iteration)
     if cancel is not None:
         job.cancel.follow(cancel)
     return ctx.executor.run(job)
@@ -364,7 +365,7 @@ def measure(ctx: Context, state: RunState, cand: Candidate, best_runs: int, sigm
         state.last_failure_log = train_log
         return Measured("", [], [], description, None, train_log,
                         cand.row(ctx, "crash", f"{description} [{problem}]", log=train_log))
-    result = train(ctx, cand.commit, train_log, cfg.seed, cancel=cancel)
+    result = train(ctx, cand.commit, train_log, cfg.seed, cancel=cancel, iteration=cand.iteration)
     if result.status != "ok":
         state.last_failure_log = train_log
         return Measured("", [], [], description, result, train_log,
@@ -375,7 +376,7 @@ def measure(ctx: Context, state: RunState, cand: Candidate, best_runs: int, sigm
     if verdict == decide.CONFIRM:
         for j in range(1, cfg.confirm + 1):
             log_j = cfg.logs_dir / f"iter-{cand.iteration:04d}-r{j}.log"
-            rerun = train(ctx, cand.commit, log_j, cfg.seed + j, cancel=cancel)
+            rerun = train(ctx, cand.commit, log_j, cfg.seed + j, cancel=cancel, iteration=cand.iteration)
             repeats.append(repeat_row(cfg, rerun, cand.iteration, cand.commit, cfg.seed + j, log_j,
                                       ctx.researcher.name, cand.model))
             if rerun.status != "ok":

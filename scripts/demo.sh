@@ -4,6 +4,6 @@
 # runs train for a fixed time budget instead (--time-budget, 300 s by default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh
+bash scripts/install.sh "[workload]"  # the supervisor and torch for the bundled train.py
 exec harness run --agent mutate --iterations "${ITERATIONS:-6}" --max-steps "${MAX_STEPS:-60}" \
   --baseline-runs 1 --tag "demo-$(date +%Y%m%d-%H%M%S)" "$@"

@@ -169,8 +169,9 @@ def test_build_data_is_deterministic(tmp_path):
 
 
 def write_parquet(path, docs):
-    import pandas as pd
-    pd.DataFrame({"text": docs, "id": range(len(docs))}).to_parquet(path)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"text": docs, "id": list(range(len(docs)))}), path)
 
 
 @pytest.mark.parametrize("kind", ["txt", "folder", "parquet"])

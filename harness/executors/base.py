@@ -40,6 +40,7 @@ class Job:
     commit: str  # what to train
     seed: int
     log_path: Path  # the job's whole output
+    iteration: int | None = None  # the ledger's iteration it trains for (HARNESS_ITERATION), if any
     cancel: Cancel = field(default_factory=Cancel)
 
     @property

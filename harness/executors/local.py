@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import guard, seal
+from .. import guard, seal, track
 from ..config import RunConfig
 from ..gitgate import GitGate, Worktree
 from ..runner import TrainResult, run_training, training_env
@@ -22,7 +22,8 @@ from .base import Job, JobFuture
 
 
 def train_once(cfg: RunConfig, worktree: Path, log_path: Path, seed: int, gpu: str | None = None,
-               cancel: threading.Event | None = None) -> TrainResult:
+               cancel: threading.Event | None = None, iteration: int | None = None,
+               commit: str | None = None) -> TrainResult:
     """Train the code in worktree once under the hard deadline (cancel set = KeyboardInterrupt).
 
     Protected files are checked (and restored) before the job and checked after it; a sealed
@@ -31,6 +32,7 @@ def train_once(cfg: RunConfig, worktree: Path, log_path: Path, seed: int, gpu: s
     result_file = log_path.with_suffix(".result.json")
     extra = {"HARNESS_TIME_BUDGET": f"{cfg.time_budget:g}", "HARNESS_SEED": str(seed),
              "HARNESS_RESULT_FILE": str(result_file)}
+    extra.update(track.job_env(cfg, iteration, commit))  # HARNESS_RUN/_ITERATION/_COMMIT/_TRACKING_URI
     if cfg.max_steps is not None:
         extra["HARNESS_MAX_STEPS"] = str(cfg.max_steps)
     if gpu is not None:  # the slot's GPU
@@ -126,7 +128,8 @@ class LocalExecutor:
             job = future.job
             wt = self._materialise(slot, job.commit)
             job.log_path.parent.mkdir(parents=True, exist_ok=True)
-            future.set_result(train_once(job.cfg, wt.path, job.log_path, job.seed, slot.gpu, job.cancel))
+            future.set_result(train_once(job.cfg, wt.path, job.log_path, job.seed, slot.gpu, job.cancel,
+                                         job.iteration, job.commit))
         except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
             future.set_exception(e)
         finally:
