@@ -1,4 +1,8 @@
-"""`harness ab`: two researcher arms from the same baseline commit, then the comparison report.
+"""`harness ab`: researcher arms (two or more) from the same baseline commit, then the report.
+
+Two arms by default (`--model-a/--model-b`), or any number (`--arm NAME=AGENT[:MODEL]`, arms.py),
+each run `--repeats R` times with different seeds: a tournament. A unit (one arm's run for one
+repeat) is an ordinary run under runs/<tag>/<arm> (or runs/<tag>/<arm>-r<k> with repeats).
 
 Each arm is an ordinary run (its own branch `autoresearch/<tag>-<arm>`, worktree and ledger
 under runs/<tag>/<arm>/) driven by the one run driver (driver.py), over one executor whose
@@ -23,6 +27,7 @@ from typing import Any
 
 from . import driver, pipeline, pricing, report, runs
 from .agents import Researcher, make_researcher
+from .arms import ArmSpec
 from .config import RunConfig, resolve
 from .errors import ConfigError, RepoError
 from .gitgate import GitGate
@@ -33,11 +38,16 @@ SCHEDULES = ("interleave", "sequential", "parallel")
 ARMS = ("a", "b")
 
 
+REPEAT_SEED_STEP = 1000  # repeat k trains (and the mutate researcher draws) with seed + k * this
+
+
 @dataclass
 class Arm:
-    name: str
+    name: str  # the unit: the arm, or <arm>-r<k> with repeats
     cfg: RunConfig
     researcher: Researcher | None = None
+    spec: ArmSpec | None = None
+    repeat: int = 0
 
 
 @dataclass
@@ -91,15 +101,37 @@ def baseline_commit(repo: Path, from_rev: str | None, editable: tuple[str, ...],
     return gate.require_commit(from_rev or "HEAD")
 
 
-def arm_configs(repo: Path, tag: str, arms: dict[str, tuple[str | None, str | None]],
-                overrides: dict[str, Any], base: str, gpus: list[str]) -> dict[str, RunConfig]:
+def specs_of(arms: dict[str, tuple[str | None, str | None]] | list[ArmSpec]) -> list[ArmSpec]:
+    """The arms as specs: `--model-a/--model-b`'s {name: (agent, model)}, or `--arm` specs."""
+    if isinstance(arms, dict):
+        return [ArmSpec(name, *(arms.get(name) or (None, None))) for name in (arms or dict.fromkeys(ARMS))]
+    names = [a.name for a in arms]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"arm names must differ: {', '.join(names)}")
+    if len(arms) < 2:
+        raise ConfigError("a comparison needs at least two arms: pass --arm twice or more")
+    return list(arms)
+
+
+def unit_name(arm: str, repeat: int, repeats: int) -> str:
+    return arm if repeats == 1 else f"{arm}-r{repeat + 1}"
+
+
+def arm_configs(repo: Path, tag: str, specs: list[ArmSpec], overrides: dict[str, Any], base: str,
+                gpus: list[str], repeats: int = 1, seed: int = 42) -> dict[str, tuple[ArmSpec, int, RunConfig]]:
     run_dir = Path(repo).resolve() / "runs" / tag
     out = {}
-    for i, name in enumerate(ARMS):
-        agent, model = arms.get(name, (None, None))
-        out[name] = resolve(repo, f"{tag}-{name}", {
-            **overrides, "agent": agent, "model": model, "arm": name, "from_rev": base,
-            "run_root": run_dir / name, "gpu": arm_gpu(gpus, i)})
+    for i, spec in enumerate(specs):
+        for k in range(repeats):
+            unit = unit_name(spec.name, k, repeats)
+            options = dict(spec.options)
+            unit_seed = options.pop("seed", seed) + k * REPEAT_SEED_STEP
+            agent_options = {**(overrides.get("agent_options") or {}), **options} or None
+            cfg = resolve(repo, f"{tag}-{unit}", {
+                **overrides, "agent": spec.agent or overrides.get("agent"), "model": spec.model or overrides.get("model"),
+                "arm": spec.name, "from_rev": base, "run_root": run_dir / unit, "gpu": arm_gpu(gpus, i),
+                "seed": unit_seed, "agent_options": agent_options, "repeat": k + 1 if repeats > 1 else None})
+            out[unit] = (spec, k, cfg)
     return out
 
 
@@ -112,9 +144,12 @@ def write_setup(run_dir: Path, tag: str, base: str, schedule: str, gpus: list[st
         "tag": tag, "repo": str(next(iter(arms.values())).cfg.repo), "baseline_commit": base,
         "schedule": schedule, "gpus": gpus, "created_at": old.get("created_at", now_iso()),
         "resumed_at": old.get("resumed_at", []) + ([now_iso()] if old else []),
+        "repeats": max(arm.repeat for arm in arms.values()) + 1,
         "arms": {name: {
+            "arm": arm.cfg.arm, "repeat": arm.repeat + 1, "seed": arm.cfg.seed,
             "agent": arm.cfg.agent, "researcher": arm.researcher.name if arm.researcher else arm.cfg.agent,
             "model": pricing.resolve_model(arm.cfg.model), "branch": arm.cfg.branch,
+            "options": {k: v for k, v in (arm.spec.options if arm.spec else {}).items()},
             "ledger": str(arm.cfg.ledger_path.relative_to(run_dir)), "gpu": arm.cfg.gpu,
             "hours": arm.cfg.hours, "iterations": arm.cfg.iterations,
         } for name, arm in arms.items()},
@@ -123,18 +158,31 @@ def write_setup(run_dir: Path, tag: str, base: str, schedule: str, gpus: list[st
     path.write_text(json.dumps(setup, indent=2) + "\n")
 
 
+def old_specs(old: dict[str, Any]) -> list[ArmSpec]:
+    """The arms of an A/B run being resumed, from its ab.json."""
+    seen: dict[str, ArmSpec] = {}
+    for unit, arm in old["arms"].items():
+        name = arm.get("arm") or unit
+        if name not in seen:
+            options = dict(arm.get("options") or {})
+            seen[name] = ArmSpec(name, arm["agent"], arm.get("model"), options)
+    return list(seen.values())
+
+
 # ---------------------------------------------------------------------------
 # The launcher
 
 
-def run_ab(repo: Path, tag: str, arms: dict[str, tuple[str | None, str | None]],
+def run_ab(repo: Path, tag: str, arms: dict[str, tuple[str | None, str | None]] | list[ArmSpec],
            schedule: str | None = None, gpus: str | None = None, resume: bool = False,
            overrides: dict[str, Any] | None = None, progress: Progress = no_progress,
-           researchers: dict[str, Researcher] | None = None, write_report: bool = True) -> ABResult:
-    """Run arm A and arm B (agent, model) from the same baseline commit, then write the report.
+           researchers: dict[str, Researcher] | None = None, write_report: bool = True,
+           repeats: int | None = None) -> ABResult:
+    """Run the arms ({name: (agent, model)}, or specs) from the same baseline commit, each
+    `repeats` times, then write the report.
 
     overrides are per-arm RunConfig settings (hours and iterations are per arm).
-    researchers injects ready researcher objects by arm name (tests, custom backends).
+    researchers injects ready researcher objects by unit or arm name (tests, custom backends).
     """
     repo = Path(repo).resolve()
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
@@ -152,13 +200,21 @@ def run_ab(repo: Path, tag: str, arms: dict[str, tuple[str | None, str | None]],
                                        if k not in ("hours", "iterations", "max_tokens", "max_cost")})
     base = old["baseline_commit"] if old else baseline_commit(
         repo, overrides.get("from_rev"), probe.editable, probe.protected)
-    if old:  # an arm's agent and model cannot change under --resume
-        arms = {name: (arms.get(name, (None, None))[0] or old["arms"][name]["agent"],
-                       arms.get(name, (None, None))[1] or old["arms"][name]["model"]) for name in ARMS}
-    cfgs = arm_configs(repo, tag, arms, overrides, base, gpu_list)
+    if old:  # an arm's agent, model and options cannot change under --resume
+        specs = old_specs(old)
+        repeats = old.get("repeats", 1)
+    else:
+        specs = specs_of(arms)
+        repeats = repeats or 1
+        if repeats < 1:
+            raise ConfigError(f"--repeats must be at least 1, got {repeats}")
+    cfgs = arm_configs(repo, tag, specs, overrides, base, gpu_list, repeats, probe.seed)
     researchers = researchers or {}
-    pool = {name: Arm(name, cfg, researchers.get(name) or make_researcher(cfg.agent, cfg.model, cfg.agent_options))
-            for name, cfg in cfgs.items()}
+    pool = {}
+    for unit, (spec, k, cfg) in cfgs.items():
+        researcher = researchers.get(unit) or researchers.get(spec.name) or make_researcher(
+            cfg.agent, cfg.model, cfg.agent_options)
+        pool[unit] = Arm(unit, cfg, researcher, spec, k)
     result = ABResult(tag, run_dir, schedule)
     cancel = threading.Event()  # one stop for both arms
     arms_ = []

@@ -274,15 +274,26 @@ def rerun(commit, repeat, repo, **flags):
 @click.option("--agent-b", default=None, help="Arm B's researcher backend (default: --agent).")
 @click.option("--model-a", default=None, help="Arm A's model (default: --model).")
 @click.option("--model-b", default=None, help="Arm B's model (default: --model).")
-@click.option("--hours", type=float, default=None, help="Hours per arm (interleaved: about twice this in all).")
+@click.option("--arm", "arm_specs", multiple=True, metavar="NAME=AGENT[:MODEL][,KEY=VALUE]",
+              help="An arm of a tournament (repeatable, two or more), e.g. high=codex:gpt-5.4,reasoning_effort=high.")
+@click.option("--repeats", type=int, default=None, help="Run each arm R times from the same baseline, other seeds.")
+@click.option("--workload", "workloads", multiple=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Another research repo the same arms run on (repeatable): one task per repo and repeat.")
+@click.option("--hours", type=float, default=None, help="Hours per arm: each arm's own elapsed time.")
 @click.option("--iterations", type=int, default=None, help="Iterations per arm (the baseline not counted).")
 @click.option("--schedule", type=click.Choice(["interleave", "sequential", "parallel"]), default=None,
               help="Default: parallel with two --gpus, else interleave.")
 @click.option("--gpus", default=None, help="One GPU per arm for CUDA_VISIBLE_DEVICES, e.g. 0,1.")
 @friendly
-def ab(repo, tag, resume, agent, model, agent_a, agent_b, model_a, model_b, schedule, gpus, **flags):
-    """Compare two researchers from the same baseline commit, then write the side-by-side report."""
+def ab(repo, tag, resume, agent, model, agent_a, agent_b, model_a, model_b, arm_specs, repeats, workloads,
+       schedule, gpus, **flags):
+    """Compare researchers from the same baseline commit, then write the side-by-side report.
+
+    Two arms (--model-a/--model-b), or a tournament: --arm two or more times, --repeats R,
+    --workload for more repos; then `harness elo runs/<tag>` rates the arms across tasks.
+    """
     from . import ab as ab_mod
+    from .arms import parse_arm
 
     def progress(event: str, data: dict[str, Any]) -> None:
         err.print(f"[bold cyan]{data.get('arm', '')}[/]", end=" ")
@@ -293,16 +304,24 @@ def ab(repo, tag, resume, agent, model, agent_a, agent_b, model_a, model_b, sche
 
     options = {k: flags.pop(k) for k in AGENT_OPTIONS if k in flags}
     flags["agent_options"] = {k: v for k, v in options.items() if v not in (None, False)} or None
-    arms = {"a": (agent_a or agent, model_a or model), "b": (agent_b or agent, model_b or model)}
-    result = ab_mod.run_ab(repo, tag or "ab-" + time.strftime("%b%d").lower(), arms, schedule=schedule,
-                           gpus=gpus, resume=resume, overrides=flags, progress=progress)
-    for name, summary in result.summaries.items():
-        err.print(f"\n[bold]arm {name}[/]")
-        print_summary(summary)
-    finish_tracking()
-    err.print("\n" + "\n".join(result.report.summary["verdict"]["text"]))
-    click.echo(result.report.markdown)
-    exit_for(result.interrupted)
+    if arm_specs and (agent_a or agent_b or model_a or model_b):
+        raise click.UsageError("use either --arm (a tournament) or --agent-a/--model-a/--agent-b/--model-b")
+    arms = ([parse_arm(spec) for spec in arm_specs] if arm_specs else
+            {"a": (agent_a or agent, model_a or model), "b": (agent_b or agent, model_b or model)})
+    tag = tag or "ab-" + time.strftime("%b%d").lower()
+    for path in (repo, *workloads):
+        result = ab_mod.run_ab(path, tag, arms, schedule=schedule, gpus=gpus, resume=resume, overrides=flags,
+                               progress=progress, repeats=repeats)
+        for name, summary in result.summaries.items():
+            err.print(f"\n[bold]arm {name}[/]")
+            print_summary(summary)
+        finish_tracking()
+        err.print("\n" + "\n".join(result.report.summary["verdict"]["text"]))
+        click.echo(result.report.markdown)
+        exit_for(result.interrupted)
+    if arm_specs or repeats or workloads:
+        folders = " ".join(str(Path(p).resolve() / "runs" / tag) for p in (repo, *workloads))
+        err.print(f"\nrate the arms across tasks: harness elo {folders}")
 
 
 @main.command()

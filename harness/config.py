@@ -198,6 +198,7 @@ class RunConfig:
     on_unhealthy: str = "stop"
     pipeline: bool | None = None  # propose the next candidate while one trains; None = when safe
     gpus: tuple[str, ...] = ()  # one lane per GPU (--gpus 0,1,2,3); () = one lane, inherited GPU
+    repeat: int | None = None  # a tournament's repeat of its arm (1, 2, ...); None outside one
     track: str | None = None  # see WORKLOAD_DEFAULTS
     track_uri: str | None = None
     track_timeout: float = 30.0  # s
@@ -249,7 +250,7 @@ def resolve(repo: Path, tag: str, overrides: dict[str, Any]) -> RunConfig:
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from e
     run_only = {"hours", "iterations", "from_rev", "max_tokens", "max_cost", "agent_options", "arm", "run_root", "gpu",
-                "pipeline", "gpus"}
+                "pipeline", "gpus", "repeat"}
     extra: dict[str, Any] = {}
     for key, value in overrides.items():
         if value is None:

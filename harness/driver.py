@@ -182,7 +182,7 @@ class RunDriver:
 
     def progress(self, event: str, data: dict[str, Any]) -> None:
         if self.cfg.arm:
-            data = {**data, "arm": self.cfg.arm}
+            data = {**data, "arm": self.cfg.arm + (f"-r{self.cfg.repeat}" if self.cfg.repeat else "")}
         self.progress_fn(event, data)
 
     # --- the run's own thread ------------------------------------------------------------
