@@ -198,7 +198,8 @@ def analyze(paths: list[Path], settings: Settings = Settings(),
             "anchor_elo": elo_fit.ANCHOR_ELO, "components": groups,
             "arms": [table[a] for a in arms], "marginal": marginal(table, groups),
             "by_budget": elo_by_point(tasks, arms, groups, settings), "tasks": records, "notes": notes,
-            "ledgers": [str(t.path) for t in trajs]}
+            "ledgers": [str(t.path) for t in trajs],
+            "ledger_arms": {str(Path(t.path).resolve()): t.arm for t in trajs}}
 
 
 def elo_by_point(tasks: list[Task], arms: list[str], groups: list[dict[str, Any]],

@@ -373,7 +373,38 @@ def summarize(paths: list[Path]) -> tuple[dict[str, Any], list[ArmData]]:
         from . import elo
 
         summary["elo"] = elo.report_section(paths)  # Bradley-Terry across the runs' tasks
+        agree_with_elo(summary["verdict"], summary["elo"], arms)
     return summary, arms
+
+
+def agree_with_elo(out: dict[str, Any], rated: dict[str, Any], arms: list[ArmData]) -> None:
+    """The verdict and the Elo section never disagree: a winner is named only when the Elo across
+    tasks ranks it above the runner-up too (and, with an interval, beyond it)."""
+    if len(out.get("ranked") or []) < 2 or "error" in rated:
+        return
+    by_ledger = rated.get("ledger_arms", {})
+    label_arm = {a.label: by_ledger.get(str(Path(a.ledger).resolve())) for a in arms}
+    table = {a["arm"]: a for a in rated.get("arms", [])}
+    first, second = (table.get(label_arm.get(label) or "") for label in out["ranked"][:2])
+    if first is None or second is None or first["elo"] is None or second["elo"] is None:
+        return
+    diff = first["elo"] - second["elo"]
+    anchors = {g.get("anchor") for g in rated.get("components", [])}
+    interval = None  # the difference's interval: each arm's interval is relative to its anchor
+    if first["arm"] in anchors and second.get("ci"):
+        interval = (first["elo"] - second["ci"][1], first["elo"] - second["ci"][0])
+    elif second["arm"] in anchors and first.get("ci"):
+        interval = (first["ci"][0] - second["elo"], first["ci"][1] - second["elo"])
+    line = f"Elo across tasks: {out['ranked'][0]} minus {out['ranked'][1]} {diff:+.0f}"
+    line += f", interval [{interval[0]:+.0f}, {interval[1]:+.0f}]." if interval else "."
+    text = out["text"]
+    text.insert(len(text) - (1 if out.get("mixed_scaffolds") else 0) - (1 if out.get("noise") == 0 else 0), line)
+    if out.get("winner") and (diff <= 0 or (interval is not None and interval[0] <= 0)):
+        out["winner"] = None
+        out["elo_disagrees"] = True
+        why = "ranks it no higher" if diff <= 0 else "has an interval that includes zero"
+        text[:] = [t if not t.startswith("**Winner") else
+                   f"**No clear winner**: the Elo across tasks {why} than {out['ranked'][1]}." for t in text]
 
 
 def default_out(paths: list[Path]) -> Path:

@@ -181,3 +181,29 @@ def test_html_renders_its_plots_in_headless_chromium(tmp_path: Path):
 
     assert near("#1f77b4") > 500 and near("#e377c2") > 500  # both arms' best-so-far lines
     assert near("#2ca02c") > 100  # kept experiments' markers
+
+
+def test_the_verdict_never_names_a_winner_the_elo_does_not(tmp_path: Path):
+    """Arm a improved more and kept more, but only after ten times the GPU time; at the GPU time both
+    spent, b was better. The Elo says b; so the verdict must not name a."""
+    from harness.ledger import Row
+    run_dir = tmp_path / "runs" / "ab"
+
+    def write(arm: str, model: str, rows: list[tuple[str, float, float]]) -> None:
+        path = run_dir / arm / "results.tsv"
+        for i, (status, value, train_s) in enumerate(rows):
+            ledger.append(path, "val_bpb", Row(commit=f"{arm if i else 'c'}{i:011d}", metric=value, status=status,
+                                               description="baseline" if i == 0 else f"try {i}", iteration=i,
+                                               agent="x", model=model, train_s=train_s, wall_s=train_s,
+                                               agent_s=None if i == 0 else 1.0, input_tokens=10, output_tokens=1))
+    write("a", "model-a", [("keep", 1.0, 10), ("keep", 0.9, 100), ("keep", 0.8, 100)])
+    write("b", "model-b", [("keep", 1.0, 10), ("keep", 0.85, 10), ("discard", 0.9, 10), ("discard", 0.95, 10),
+                           ("discard", 0.99, 10)])
+    (run_dir / "ab.json").write_text(json.dumps({"arms": {"a": {"agent": "x", "model": "model-a"},
+                                                          "b": {"agent": "x", "model": "model-b"}}}))
+    built = report.build([run_dir])
+    verdict = built.summary["verdict"]
+    elo = {a["arm"]: a["elo"] for a in built.summary["elo"]["arms"]}
+    assert elo["x:model-b"] > elo["x:model-a"]
+    assert verdict["winner"] is None and verdict.get("elo_disagrees")
+    assert any(t.startswith("Elo across tasks") for t in verdict["text"])
