@@ -5,13 +5,10 @@ Only commits the harness made are ever reset.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import git
 
@@ -105,21 +102,6 @@ class GitGate:
 
     def prune(self) -> None:
         self.repo.git.worktree("prune")
-
-    @contextlib.contextmanager
-    def scratch_worktree(self, rev: str) -> Iterator[Path]:
-        """A detached worktree at rev in a temporary folder, removed afterwards; nothing is committed."""
-        sha = self.require_commit(rev)
-        with tempfile.TemporaryDirectory(prefix="harness-scratch-") as tmp:
-            path = Path(tmp) / "worktree"
-            self.repo.git.worktree("add", "--detach", str(path), sha)
-            try:
-                yield path
-            finally:
-                try:
-                    self.repo.git.worktree("remove", "--force", str(path))
-                except git.GitCommandError:
-                    self.prune()
 
     def remove_worktree(self, path: Path) -> None:
         """Remove a harness-owned worktree (a slot's, a scratch one) and prune git's record of it."""

@@ -51,8 +51,12 @@ def _load_state(path: Path) -> dict | None:
 
 
 def _save_state(path: Path, data: bytes) -> None:
+    """Write-and-rename, fsynced: a kill leaves the old record or the new one."""
     tmp = state_path(path).with_suffix(".tmp")
-    tmp.write_text(json.dumps({"size": len(data), "sha256": _digest(data)}))
+    with open(tmp, "w") as f:
+        f.write(json.dumps({"size": len(data), "sha256": _digest(data)}))
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, state_path(path))
 
 

@@ -1,6 +1,7 @@
 """End to end on real temporary git repos with the fake trainer: every status, git invariants, resume."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -14,6 +15,9 @@ import pytest
 from harness import ledger, driver
 from harness.agents import Proposal
 from harness.config import resolve
+from harness.errors import RepoError
+from harness.gitgate import GitGate
+from harness.step import Context
 
 from conftest import ScriptedResearcher, git
 
@@ -271,3 +275,32 @@ def test_budget_stops_with_a_budget_row(repo: Path):
     assert [r["status"] for r in rows] == ["keep", "keep", "keep", "budget"]
     assert sum(r["cost_usd"] or 0 for r in rows) <= 1.0
     assert "max-cost" in rows[-1]["description"] and "max-cost" in summary.stopped
+
+
+def test_a_torn_manifest_is_a_clear_error_and_nothing_is_touched(repo: Path):
+    cfg = config(repo, iterations=1)
+    driver.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}]))
+    rows = ledger.read_rows(cfg.ledger_path)
+    (cfg.run_dir / "run.json").write_text('{"harness_version": "0.1.0", "tag": ')  # a write cut short
+    with pytest.raises(RepoError, match="run.json is unreadable"):
+        driver.run(dataclasses.replace(cfg, iterations=2), resume=True, researcher=ScriptedResearcher([{}]))
+    assert ledger.read_rows(cfg.ledger_path) == rows
+
+
+def test_a_journal_commit_that_is_gone_is_told_from_a_transient_git_error(repo: Path, monkeypatch):
+    """The candidate whose commit git no longer has is recorded; a passing git failure (a lock,
+    too many open files) is raised, so the candidate waits for the next --resume instead."""
+    import git as gitpython
+
+    from harness import runs
+    cfg = config(repo, iterations=1)
+    driver.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}]))
+    ctx = Context(cfg, GitGate(repo).worktree(cfg.worktree), ScriptedResearcher([]), "")
+    assert runs.existing_commit(ctx, "0" * 40) == ""
+    assert runs.existing_commit(ctx, "HEAD") == git(cfg.worktree, "rev-parse", "HEAD")
+
+    def busy(rev):
+        raise gitpython.GitCommandError(["git", "rev-parse"], 128, b"fatal: Unable to create '.git/index.lock': File exists.")
+    monkeypatch.setattr(ctx.wt, "resolve", busy)
+    with pytest.raises(gitpython.GitCommandError):
+        runs.existing_commit(ctx, "HEAD")
