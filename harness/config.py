@@ -50,6 +50,10 @@ WORKLOAD_DEFAULTS: dict[str, Any] = {
     "on_unhealthy": "stop",  # stop | continue, when a health checkpoint fails
 }
 
+# Researcher settings a repo's file may give too; they join agent_options (the CLI's flags win).
+# A file's setting that does not apply to the chosen backend is left out, not an error.
+AGENT_FILE_KEYS = {"base_url": "base_url", "agent_executable": "executable", "agent_args": "agent_args"}
+
 TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
@@ -113,7 +117,14 @@ def _check_value(key: str, value: Any) -> Any:
     if key == "on_unhealthy":
         want(value in ("stop", "continue"), "'stop' or 'continue'")
         return value
-    raise ConfigError(f"unknown config key {key!r}; known keys: {', '.join(sorted(WORKLOAD_DEFAULTS))}")
+    if key in ("base_url", "agent_executable"):
+        want(isinstance(value, str) and value.strip() != "", "a non-empty string")
+        return value
+    if key == "agent_args":
+        want(isinstance(value, list) and all(isinstance(v, str) for v in value), "a list of strings")
+        return tuple(value)
+    known = sorted([*WORKLOAD_DEFAULTS, *AGENT_FILE_KEYS])
+    raise ConfigError(f"unknown config key {key!r}; known keys: {', '.join(known)}")
 
 
 def read_repo_settings(repo: Path) -> tuple[dict[str, Any], Path | None]:
@@ -211,6 +222,13 @@ class RunConfig:
         return out
 
 
+def _with_file_agent(file_agent: dict[str, Any], agent: str, cli: dict[str, Any] | None) -> dict[str, Any]:
+    """The file's researcher settings that apply to this backend, under the CLI's own."""
+    from .agents import BACKEND_OPTIONS, backend_kind
+    applies = BACKEND_OPTIONS.get(backend_kind(agent), set())
+    return {**{k: v for k, v in file_agent.items() if k in applies}, **(cli or {})}
+
+
 def resolve(repo: Path, tag: str, overrides: dict[str, Any]) -> RunConfig:
     """Merge defaults, the repo's settings file and CLI overrides (None = not given)."""
     repo = Path(repo).resolve()
@@ -218,11 +236,16 @@ def resolve(repo: Path, tag: str, overrides: dict[str, Any]) -> RunConfig:
         raise ConfigError(f"tag {tag!r} must be letters, digits, '.', '_' or '-' (at most 63)")
     file_settings, path = read_repo_settings(repo)
     merged = dict(WORKLOAD_DEFAULTS)
+    file_agent: dict[str, Any] = {}
     for key, value in file_settings.items():
         try:
-            merged[key] = _check_value(key, value)
+            checked = _check_value(key, value)
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from e
+        if key in AGENT_FILE_KEYS:
+            file_agent[AGENT_FILE_KEYS[key]] = checked
+        else:
+            merged[key] = checked
     run_only = {"hours", "iterations", "from_rev", "max_tokens", "max_cost", "agent_options", "arm", "run_root", "gpu",
                 "pipeline", "gpus"}
     extra: dict[str, Any] = {}
@@ -233,6 +256,8 @@ def resolve(repo: Path, tag: str, overrides: dict[str, Any]) -> RunConfig:
             extra[key] = value
         else:
             merged[key] = _check_value(key, value)
+    if file_agent:
+        extra["agent_options"] = _with_file_agent(file_agent, merged["agent"], extra.get("agent_options"))
     if merged["kill_after"] is None:
         merged["kill_after"] = 2 * merged["time_budget"] + 120
     for key in ("editable", "protected"):

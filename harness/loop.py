@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
-from . import __version__, decide, events, health, ledger, ledgerguard, pricing, recovery, seal
+from . import spend, __version__, decide, events, health, ledger, ledgerguard, pricing, recovery, seal
 from .agents import Researcher, make_researcher, routing_mismatch
 from .config import RunConfig
 from .errors import RepoError
@@ -314,13 +314,14 @@ def budget_reason(cfg: RunConfig, rows: list[dict[str, Any]], in_flight: int = 0
     done = [r for r in rows if (r.get("iteration") or 0) > 0 and r.get("agent_s") is not None]
     if not done or (cfg.max_tokens is None and cfg.max_cost is None):
         return None
-    tokens = [(r.get("input_tokens") or 0) + (r.get("output_tokens") or 0) for r in done]
+    tokens = spend.call_tokens(done)  # a call whose usage is unknown counts at an estimate
     if cfg.max_tokens is not None and sum(tokens) + (1 + in_flight) * sum(tokens) / len(tokens) > cfg.max_tokens:
         return f"the next iteration would pass --max-tokens {cfg.max_tokens} (spent {sum(tokens)})"
-    if cfg.max_cost is not None and any(r.get("cost_usd") is None and t for r, t in zip(done, tokens)):
+    costs = spend.call_costs(done)
+    if cfg.max_cost is not None and any(c is None and t for c, t in zip(costs, tokens)):
         return (f"--max-cost {cfg.max_cost:g} cannot be enforced: model {cfg.model or '?'} has no price "
                 f"(add one with --prices FILE)")
-    costs = [r.get("cost_usd") or 0.0 for r in done]
+    costs = [c or 0.0 for c in costs]
     if cfg.max_cost is not None and sum(costs) + (1 + in_flight) * sum(costs) / len(costs) > cfg.max_cost:
         return f"the next iteration would pass --max-cost {cfg.max_cost:g} USD (spent {sum(costs):.4f})"
     return None
