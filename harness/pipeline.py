@@ -30,7 +30,7 @@ from .gitgate import GitGate
 from .lanes import Guarded, Lane, Scheduler
 from .step import Context
 
-REMOTE_AGENTS = ("openai", "codex", "claude")
+REMOTE_AGENTS = ("openai", "codex", "claude", "gemini")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "0.0.0.0")
 
 
@@ -50,8 +50,8 @@ def pipeline_default(cfg: RunConfig) -> tuple[bool, str]:
         return False, "the mutate researcher answers at once: there is no latency to hide"
     if cfg.agent.startswith("cmd:"):
         return False, "a cmd: researcher may run a model on the training GPU; pass --pipeline if it does not"
-    if cfg.agent == "openai":
-        url = cfg.agent_options.get("base_url") or os.environ.get("OPENAI_BASE_URL") or ""
+    if cfg.agent in ("openai", "codex", "claude", "gemini"):  # --base-url: any backend may go local
+        url = cfg.agent_options.get("base_url") or (os.environ.get("OPENAI_BASE_URL") if cfg.agent == "openai" else "") or ""
         if (urlparse(url).hostname or "") in LOCAL_HOSTS:
             return False, (f"the model server {url} is on this machine and may share the training GPU; "
                            f"pass --pipeline if it does not")

@@ -173,6 +173,12 @@ def test_claude_result_usage_cost_and_not_logged_in():
                                                 dict(retry, attempt=2), ok])
     run = parse_claude_result(stream)
     assert run.retries == 2 and run.usage.input_tokens == 1105 and run.description == "use AdamW"
+    both = dict(ok, modelUsage={"claude-sonnet-4-6": {"inputTokens": 5, "outputTokens": 70, "cacheReadInputTokens": 1000,
+                                                      "cacheCreationInputTokens": 100},
+                                "claude-haiku-4-5": {"inputTokens": 11, "outputTokens": 3}})
+    run = parse_claude_result(json.dumps(both))  # every model's requests, the title request included
+    assert (run.usage.input_tokens, run.usage.cached_tokens, run.usage.output_tokens) == (1116, 1000, 73)
+    assert run.usage.cost_usd == 0.25
     killed = parse_claude_result("\n".join(json.dumps(e) for e in [{"type": "system", "subtype": "init"}, retry]))
     assert killed.usage is None and killed.retries == 1 and classify(killed.error) == "rate_limit"
 

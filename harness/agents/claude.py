@@ -27,6 +27,22 @@ def _events(text: str) -> list[dict[str, Any]]:
     return [e for e in (json_object(line) for line in text.splitlines()) if e is not None]
 
 
+def result_usage(data: dict[str, Any], cost: float | None) -> Usage:
+    """The result's tokens: `modelUsage` (every request of every model, the side requests that
+    name the session included) when it is there, else `usage` (the main model's turns).
+    Input includes the cache reads and writes; cached = the cache reads."""
+    models = data.get("modelUsage")
+    if isinstance(models, dict) and models:
+        total = Usage(cost_usd=cost)
+        for m in models.values():
+            read, write = m.get("cacheReadInputTokens") or 0, m.get("cacheCreationInputTokens") or 0
+            total = total + Usage((m.get("inputTokens") or 0) + read + write, read, m.get("outputTokens") or 0)
+        return total
+    u = data.get("usage") or {}
+    read, write = u.get("cache_read_input_tokens") or 0, u.get("cache_creation_input_tokens") or 0
+    return Usage((u.get("input_tokens") or 0) + read + write, read, u.get("output_tokens") or 0, cost)
+
+
 def parse_claude_result(text: str) -> CLIOutput:
     """Read claude's output: `stream-json` lines or one `json` result object."""
     events = _events(text)
@@ -38,12 +54,8 @@ def parse_claude_result(text: str) -> CLIOutput:
         if retry is not None:
             error = f"claude was still retrying: {retry.get('error_status') or ''} {retry.get('error') or ''}".strip()
         return CLIOutput(None, "", error, bool(events), retries)
-    u = data.get("usage") or {}
-    cache_read = u.get("cache_read_input_tokens") or 0
-    cache_write = u.get("cache_creation_input_tokens") or 0
     cost = data.get("total_cost_usd")
-    usage = Usage((u.get("input_tokens") or 0) + cache_read + cache_write, cache_read,
-                  u.get("output_tokens") or 0, float(cost) if cost is not None else None)
+    usage = result_usage(data, float(cost) if cost is not None else None)
     result = data.get("result") if isinstance(data.get("result"), str) else ""
     error = None
     if data.get("is_error") or data.get("subtype") not in (None, "success"):

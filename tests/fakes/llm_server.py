@@ -42,6 +42,7 @@ from typing import Any
 HANG_S = 3600.0  # s a hanging answer waits (the client gives up long before)
 SIDE_USAGE = {"input_tokens": 11, "cached_tokens": 0, "output_tokens": 3}
 EDIT_MARK = "harness-edit"  # in our tool call ids, to recognise the follow-up
+FINAL_TEXT = "I changed one constant.\n\n"
 
 
 class Script:
@@ -77,10 +78,10 @@ def usage_of(behaviour: dict[str, Any]) -> dict[str, int]:
 
 def lowered(text: str) -> tuple[str, str] | None:
     """(old line, new line) for the first `VALUE = x` in text, x lowered by 0.1."""
-    m = re.search(r"^VALUE = ([-+0-9.eE]+)", text, re.M)
+    m = re.search(r"^VALUE = ([-+0-9.eE]+)(.*)$", text, re.M)
     if not m:
         return None
-    return m.group(0), f"VALUE = {round(float(m.group(1)) - 0.1, 6)!r}"
+    return m.group(0), f"VALUE = {round(float(m.group(1)) - 0.1, 6)!r}{m.group(2)}"
 
 
 def train_py(workdir: str | None) -> str:
@@ -135,7 +136,7 @@ class Handler(BaseHTTPRequestHandler):
             self._json(int(behaviour["status"]), wire.error_body(int(behaviour["status"]),
                                                                  behaviour.get("message", "scripted failure")))
             return
-        if kind in ("hang",) or (kind == "final" and follow.get("hang")):
+        if kind == "hang" or (kind == "final" and follow.get("hang") and follow.get("next") == "final"):
             self.script.record(path=self.path, behaviour="hang", usage=None, key=key_header)
             self._start_stream()
             time.sleep(HANG_S)
@@ -151,11 +152,11 @@ class Handler(BaseHTTPRequestHandler):
             return
         usage = usage_of(behaviour)
         if kind in ("edit", "edit_then_hang"):
-            change = lowered(wire.visible_text(body)) or lowered(train_py(wire.workdir(body)))
+            change = lowered(train_py(wire.workdir(body))) or lowered(wire.visible_text(body))
             events = wire.edit_events(body, usage, change, hang_after=kind == "edit_then_hang")
             reported = usage
         elif kind == "final":
-            events = wire.final_events(body, usage, "I changed one constant.\n\n" + follow["description"])
+            events = wire.follow_events(body, usage, follow)
             reported = usage
         else:  # side
             events = wire.final_events(body, usage, "ok")
@@ -202,9 +203,13 @@ class Wire:
         return bool(headers.get("Authorization") or headers.get("x-api-key") or headers.get("x-goog-api-key"))
 
     def workdir(self, body: dict[str, Any]) -> str | None:
-        m = re.search(r"<cwd>([^<]+)</cwd>|Working directory: (\S+)|cwd[\"']?: ?[\"']?([^\"'\s,]+)",
-                      json.dumps(body))
+        """The CLI's working directory, as its system prompt or environment context states it."""
+        m = re.search(r"<cwd>([^<]+)</cwd>|working directory: (/[^\s\"']+)", self.visible_text(body), re.I)
         return next((g for g in m.groups() if g), None) if m else None
+
+    def follow_events(self, body: dict[str, Any], usage: dict[str, int], note: dict[str, Any]) -> list[bytes]:
+        """The answer to a request that carries our tool's result: by default, the final message."""
+        return self.final_events(body, usage, FINAL_TEXT + note["description"])
 
     def visible_text(self, body: dict[str, Any]) -> str:
         return json.dumps(body).replace("\\n", "\n")
@@ -254,7 +259,10 @@ class ResponsesWire(Wire):
         rid = "resp_" + uuid.uuid4().hex[:12]
         message = {"type": "message", "id": "msg_" + rid, "role": "assistant", "status": "completed",
                    "content": [{"type": "output_text", "text": text, "annotations": []}]}
+        added = dict(message, status="in_progress", content=[])
         return [sse("response.created", {"type": "response.created", "response": {"id": rid}}),
+                sse("response.output_item.added", {"type": "response.output_item.added", "output_index": 0,
+                                                   "item": added}),
                 sse("response.output_text.delta", {"type": "response.output_text.delta", "delta": text,
                                                    "item_id": message["id"], "output_index": 0}),
                 sse("response.output_item.done", {"type": "response.output_item.done", "output_index": 0,
@@ -262,21 +270,99 @@ class ResponsesWire(Wire):
                 self._completed(rid, usage, [message])]
 
 
-def _call_id(usage: dict[str, int], hang_after: bool, new: str) -> str:
-    """Our tool call's id carries what the follow-up needs: the usage to report, hang or not."""
-    note = {"u": usage, "h": hang_after, "d": f"lower {new}"}
-    return f"call_{EDIT_MARK}_" + json.dumps(note, separators=(",", ":")).encode().hex()
+def _call_id(usage: dict[str, int], hang_after: bool, new: str, next_step: str = "final",
+             prefix: str = "call_", extra: dict[str, Any] | None = None) -> str:
+    """Our tool call's id carries what the follow-up needs: the usage to report, hang or not,
+    and what comes next (the final message, or the edit after a read)."""
+    note = {"u": usage, "h": hang_after, "d": f"lower {new.split('#')[0].strip()}", "n": next_step, **(extra or {})}
+    return f"{prefix}{EDIT_MARK}_" + json.dumps(note, separators=(",", ":")).encode().hex()
 
 
 def _follow(call_id: str | None) -> dict[str, Any]:
     try:
         note = json.loads(bytes.fromhex(str(call_id).split(f"{EDIT_MARK}_", 1)[1]))
     except (IndexError, ValueError):
-        return {"description": "lower VALUE"}
-    return {**note["u"], "hang": note["h"], "description": note["d"].replace("lower VALUE = ", "lower VALUE to ")}
+        return {"description": "lower VALUE", "next": "final"}
+    return {**note["u"], "hang": note["h"], "next": note["n"], "note": note,
+            "description": note["d"].replace("lower VALUE = ", "lower VALUE to ")}
 
 
-WIRES = {"responses": ResponsesWire}
+# ---------------------------------------------------------------------------
+# Anthropic Messages (claude): SSE message_start ... message_stop; tool_use blocks. claude's
+# Edit tool wants the file read first, so an edit is Read, then Edit, then the final text.
+
+
+class AnthropicWire(Wire):
+    def is_side_request(self, path: str, body: dict[str, Any]) -> bool:
+        return "/messages" not in path or not body.get("tools") or "count_tokens" in path
+
+    def key_header(self, headers) -> bool:
+        return bool(headers.get("x-api-key") or headers.get("Authorization"))
+
+    def edit_result(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        messages = body.get("messages") or []
+        last = messages[-1] if messages else {}
+        content = last.get("content") if isinstance(last.get("content"), list) else []
+        for block in content:
+            if block.get("type") == "tool_result" and EDIT_MARK in str(block.get("tool_use_id")):
+                return _follow(block.get("tool_use_id"))
+        return None
+
+    def error_body(self, status: int, message: str) -> dict[str, Any]:
+        kind = {429: "rate_limit_error", 529: "overloaded_error", 401: "authentication_error"}.get(
+            status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": message}}
+
+    def _message(self, body, usage, blocks: list[dict[str, Any]], stop: str) -> list[bytes]:
+        mid = "msg_" + uuid.uuid4().hex[:20]
+        start = {"type": "message_start", "message": {
+            "id": mid, "type": "message", "role": "assistant", "model": body.get("model"), "content": [],
+            "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": usage["input_tokens"] - usage["cached_tokens"],
+                      "cache_creation_input_tokens": 0, "cache_read_input_tokens": usage["cached_tokens"],
+                      "output_tokens": 1}}}
+        events = [sse("message_start", start)]
+        for index, block in enumerate(blocks):
+            if block["type"] == "text":
+                events += [sse("content_block_start", {"type": "content_block_start", "index": index,
+                                                       "content_block": {"type": "text", "text": ""}}),
+                           sse("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                       "delta": {"type": "text_delta", "text": block["text"]}})]
+            else:
+                head = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
+                events += [sse("content_block_start", {"type": "content_block_start", "index": index,
+                                                       "content_block": head}),
+                           sse("content_block_delta", {"type": "content_block_delta", "index": index, "delta": {
+                               "type": "input_json_delta", "partial_json": json.dumps(block["input"])}})]
+            events.append(sse("content_block_stop", {"type": "content_block_stop", "index": index}))
+        events += [sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
+                                         "usage": {"output_tokens": usage["output_tokens"]}}),
+                   sse("message_stop", {"type": "message_stop"})]
+        return events
+
+    def edit_events(self, body, usage, change, hang_after=False) -> list[bytes]:
+        if change is None:
+            return self.final_events(body, usage, "I could not find VALUE in train.py.")
+        path = str(Path(self.workdir(body) or ".") / "train.py")
+        old, new = change
+        tool_id = _call_id(usage, hang_after, new, "edit", "toolu_", {"p": path, "o": old, "w": new})
+        return self._message(body, usage, [{"type": "text", "text": "Let me read train.py first."},
+                                           {"type": "tool_use", "id": tool_id, "name": "Read",
+                                            "input": {"file_path": path}}], "tool_use")
+
+    def follow_events(self, body, usage, note) -> list[bytes]:
+        if note["next"] != "edit":
+            return super().follow_events(body, usage, note)
+        raw = note["note"]
+        tool_id = _call_id(usage, note["hang"], raw["w"], "final", "toolu_")
+        return self._message(body, usage, [{"type": "tool_use", "id": tool_id, "name": "Edit", "input": {
+            "file_path": raw["p"], "old_string": raw["o"], "new_string": raw["w"]}}], "tool_use")
+
+    def final_events(self, body, usage, text) -> list[bytes]:
+        return self._message(body, usage, [{"type": "text", "text": text}], "end_turn")
+
+
+WIRES = {"responses": ResponsesWire, "anthropic": AnthropicWire}
 
 
 def main() -> None:
