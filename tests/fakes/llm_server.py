@@ -6,8 +6,8 @@
 It runs as its own process so that it can start inside the loopback-only network namespace
 of the CLI under test (tests/fakes/netns.py). DIR holds:
 
-    script.json    the behaviours, one per *fresh* request, in order (read at each request,
-                   so a test may rewrite it between calls); when it runs out: "edit"
+    script.json    the behaviours, one per *fresh* request, in order (read at each request;
+                   a rewritten script starts again from its first); when it runs out: "edit"
     requests.jsonl one line per request: path, the behaviour used, the usage reported
     port           the port, written once the server listens
 
@@ -51,12 +51,16 @@ class Script:
     def __init__(self, folder: Path):
         self.folder = folder
         self.lock = threading.Lock()
-        self.used = 0  # fresh requests answered so far
+        self.used = 0  # fresh requests answered so far under the current script
+        self.text = "[]"
 
     def next(self) -> dict[str, Any]:
         with self.lock:
             path = self.folder / "script.json"
-            entries = json.loads(path.read_text()) if path.exists() else []
+            text = path.read_text() if path.exists() else "[]"
+            if text != self.text:  # a new script starts from its first behaviour
+                self.text, self.used = text, 0
+            entries = json.loads(text)
             flat = []
             for entry in entries:
                 entry = {"do": entry} if isinstance(entry, str) else entry

@@ -50,7 +50,8 @@ class Server:
 
     def script(self, *behaviours) -> None:
         """The behaviours of the next fresh requests (see llm_server.py), replacing any left."""
-        (self.folder / "script.json").write_text(json.dumps(list(behaviours)))
+        # A nonce makes every script new to the server, even one equal to the last.
+        (self.folder / "script.json").write_text(json.dumps(list(behaviours) + [{"do": "edit", "nonce": time.time()}]))
         (self.folder / "requests.jsonl").unlink(missing_ok=True)
 
     def requests(self) -> list[dict]:
