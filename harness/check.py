@@ -88,6 +88,9 @@ def explain(proposal: Proposal, researcher, cfg: RunConfig) -> str:
         timeout=cfg.agent_timeout)
     if proposal.error_kind == "auth" and not settings.get("key_fingerprint"):
         text += f" (no {key_var} is set)"
+    if researcher.name == "gemini" and "invalid auth method" in (proposal.error or "").lower():
+        text += (' With --base-url, gemini needs security.auth.selectedType = "gemini-api-key" in '
+                 '~/.gemini/settings.json.')
     return f"{text}\n  {proposal.error}"
 
 

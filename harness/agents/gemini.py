@@ -4,7 +4,9 @@
 an approval (shell commands), as claude's acceptEdits does. The prompt comes on stdin (the
 `-p` text is appended to it). The JSON object it prints at the end carries the answer
 (`response`), an `error`, and per-model token counts (`stats.models.*.tokens`: prompt,
-cached, candidates, thoughts). `--base-url` sets GOOGLE_GEMINI_BASE_URL.
+cached, candidates, thoughts). `--base-url` sets GOOGLE_GEMINI_BASE_URL; gemini 0.61 then
+wants `security.auth.selectedType = "gemini-api-key"` in ~/.gemini/settings.json, or it
+refuses with "Invalid auth method selected" (docs/researchers.md).
 """
 from __future__ import annotations
 
@@ -77,7 +79,9 @@ class GeminiResearcher(CLIResearcher):
         return {"GOOGLE_GEMINI_BASE_URL": self.base_url} if self.base_url else {}
 
     def command(self, task: Task) -> list[str]:
-        argv = [self.executable, "--output-format", "json", "--approval-mode", APPROVAL_MODE]
+        # --skip-trust: the run's fresh worktree is trusted for this call only; in a folder it does
+        # not trust, gemini falls back to asking for every edit, which print mode cannot answer.
+        argv = [self.executable, "--output-format", "json", "--approval-mode", APPROVAL_MODE, "--skip-trust"]
         return argv + (["--model", self.model] if self.model else [])
 
     def command_tail(self, task: Task) -> list[str]:

@@ -170,7 +170,7 @@ def _write_log(log_path: Path, argv: list[str], stdin_text: str | None, result: 
 
 KIND_PATTERNS = (
     ("not_logged_in", r"/login|not logged in|log ?in (first|again|with)|please run .*login|"
-                      r"invalid api key|no (api key|credentials)|missing api key"),
+                      r"invalid api key|no (api key|credentials)|missing api key|invalid auth method"),
     ("auth", r"\b401\b|unauthori[sz]ed|incorrect api key|authentication"),
     ("rate_limit", r"\b429\b|rate.?limit|too many requests|quota|usage limit"),
     ("not_found", r"\b404\b|model .*(not found|does not exist)|not_found"),

@@ -124,6 +124,7 @@ class Handler(BaseHTTPRequestHandler):
         except json.JSONDecodeError:
             body = {}
         wire = self.wire
+        body["__path"] = self.path  # for a wire whose answer's shape depends on the endpoint
         side = wire.is_side_request(self.path, body)
         follow = None if side else wire.edit_result(body)
         if side:
@@ -175,7 +176,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def _start_stream(self) -> None:
         self.send_response(200)
-        self.send_header("Content-Type", self.wire.content_type)
+        stream = "alt=sse" in self.path or not isinstance(self.wire, GeminiWire)
+        self.send_header("Content-Type", self.wire.content_type if stream else "application/json")
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Connection", "close")
         self.end_headers()
@@ -208,7 +210,8 @@ class Wire:
 
     def workdir(self, body: dict[str, Any]) -> str | None:
         """The CLI's working directory, as its system prompt or environment context states it."""
-        m = re.search(r"<cwd>([^<]+)</cwd>|working directory: (/[^\s\"']+)", self.visible_text(body), re.I)
+        m = re.search(r"<cwd>([^<]+)</cwd>|working directory: (/[^\s\"']+)|"
+                      r"Workspace Directories:\**\s*-\s*(/[^\s\"']+)", self.visible_text(body), re.I)
         return next((g for g in m.groups() if g), None) if m else None
 
     def follow_events(self, body: dict[str, Any], usage: dict[str, int], note: dict[str, Any]) -> list[bytes]:
@@ -366,7 +369,56 @@ class AnthropicWire(Wire):
         return self._message(body, usage, [{"type": "text", "text": text}], "end_turn")
 
 
-WIRES = {"responses": ResponsesWire, "anthropic": AnthropicWire}
+# ---------------------------------------------------------------------------
+# Gemini (gemini-cli): streamGenerateContent?alt=sse, `data:` chunks of GenerateContentResponse;
+# tool calls are functionCall parts (the `replace` tool edits a file); usageMetadata per chunk.
+
+
+class GeminiWire(Wire):
+    def is_side_request(self, path: str, body: dict[str, Any]) -> bool:
+        return ":streamGenerateContent" not in path or not body.get("tools")
+
+    def key_header(self, headers) -> bool:
+        return bool(headers.get("x-goog-api-key"))
+
+    def edit_result(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        contents = body.get("contents") or []
+        last = contents[-1] if contents else {}
+        for part in last.get("parts") or []:
+            response = part.get("functionResponse")
+            if response and EDIT_MARK in str(response.get("id")):
+                return _follow(response.get("id"))
+        return None
+
+    def error_body(self, status: int, message: str) -> dict[str, Any]:
+        name = {429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE"}.get(status, "UNKNOWN")
+        return {"error": {"code": status, "message": message, "status": name}}
+
+    def _chunk(self, body, usage, parts: list[dict[str, Any]]) -> bytes:
+        data = {"candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}],
+                "usageMetadata": {"promptTokenCount": usage["input_tokens"],
+                                  "cachedContentTokenCount": usage["cached_tokens"],
+                                  "candidatesTokenCount": usage["output_tokens"],
+                                  "totalTokenCount": usage["input_tokens"] + usage["output_tokens"]},
+                "modelVersion": "scripted"}
+        if ":streamGenerateContent" not in body.get("__path", ""):
+            return json.dumps(data).encode()  # generateContent: one JSON body
+        return sse(None, data)
+
+    def edit_events(self, body, usage, change, hang_after=False) -> list[bytes]:
+        if change is None:
+            return self.final_events(body, usage, "I could not find VALUE in train.py.")
+        old, new = change
+        path = str(Path(self.workdir(body) or ".") / "train.py")
+        call = {"name": "replace", "id": _call_id(usage, hang_after, new), "args": {
+            "file_path": path, "instruction": "Lower VALUE by 0.1.", "old_string": old, "new_string": new}}
+        return [self._chunk(body, usage, [{"functionCall": call}])]
+
+    def final_events(self, body, usage, text) -> list[bytes]:
+        return [self._chunk(body, usage, [{"text": text}])]
+
+
+WIRES = {"responses": ResponsesWire, "anthropic": AnthropicWire, "gemini": GeminiWire}
 
 
 def main() -> None:
