@@ -180,3 +180,48 @@ def test_registry_errors_say_what_to_do(monkeypatch, tmp_path: Path):
         make_researcher("mutate", None, {"temperature": 0.5})
     with pytest.raises(AgentError, match="not on PATH"):
         make_researcher("cmd:no-such-agent-command {prompt_file}", None)
+
+
+def test_a_killed_calls_tokens_are_unknown_and_count_at_an_estimate(repo: Path, agents_env: Path):
+    script(agents_env, "edit", "hang", "edit", "edit")
+    result = harness(["run", "--repo", repo, "--tag", "est", "--agent", "codex", "--no-pipeline",
+                      "--iterations", 4, "--agent-timeout", 2, "--max-tokens", 60000])
+    assert result.exit_code == 0, result.output
+    ledger = rows(repo, "est")
+    assert [r["status"] for r in ledger] == ["keep", "keep", "crash", "budget"]
+    assert ledger[2]["input_tokens"] is None and ledger[2]["output_tokens"] is None  # unknown, not 0
+    # The hung call counts as the largest call so far (25185 tokens): 2 x 25185 + the next one's
+    # 25185 would pass 60000. Counted as zero it would not have stopped the run.
+    assert "spent 50370" in ledger[3]["description"]
+
+
+def test_executable_args_and_base_url_from_the_repo_file_and_the_command_line(repo: Path, agents_env: Path,
+                                                                               monkeypatch):
+    monkeypatch.setenv("PATH", os.environ["PATH"].split(os.pathsep, 1)[1])  # no stand-in on PATH
+    codex = agents_env / "bin" / "codex"
+    with open(repo / "harness.toml", "a") as f:
+        f.write(f'agent_executable = "{codex}"\nagent_args = ["-c", "from_file=1"]\n'
+                f'base_url = "http://127.0.0.1:9/v1"\n')
+    monkeypatch.setenv("CODEX_API_KEY", "sk-codex-test")
+    result = harness(["run", "--repo", repo, "--tag", "args", "--agent", "codex", "--iterations", 1])
+    assert result.exit_code == 0, result.output
+    argv = calls(agents_env)[0]["argv"][1:]
+    assert argv[-3:] == ["-c", "from_file=1", "-"]  # the user's arguments, then the prompt's "-"
+    assert 'model_providers.harness.base_url="http://127.0.0.1:9/v1"' in argv
+    assert 'model_providers.harness.env_key="CODEX_API_KEY"' in argv  # the variable's name, never the key
+    assert "sk-codex-test" not in json.dumps(argv)
+    manifest = json.loads((repo / "runs" / "args" / "run.json").read_text())["researcher"]
+    assert manifest["executable"] == str(codex) and manifest["agent_args"] == ["-c", "from_file=1"]
+    assert (manifest["provider"], manifest["base_url_host"], manifest["key_var"]) == (
+        "harness", "127.0.0.1:9", "CODEX_API_KEY")
+    assert "sk-codex-test" not in (repo / "runs" / "args" / "run.json").read_text()
+    # The command line wins over the file; a setting that does not apply to mutate is left out.
+    result = harness(["run", "--repo", repo, "--tag", "args2", "--agent", "codex", "--iterations", 1,
+                      "--agent-arg", "--flag-from-cli"])
+    assert result.exit_code == 0, result.output
+    assert calls(agents_env)[-1]["argv"][-2:] == ["--flag-from-cli", "-"]
+    result = harness(["run", "--repo", repo, "--tag", "mut", "--agent", "mutate", "--iterations", 1])
+    assert result.exit_code == 0, result.output
+    result = harness(["run", "--repo", repo, "--tag", "mut2", "--agent", "mutate", "--iterations", 1,
+                      "--agent-arg", "x"])
+    assert result.exit_code == 1 and "--agent-arg does not apply to --agent mutate" in result.output

@@ -48,7 +48,8 @@ def make_researcher(agent: str, model: str | None, options: dict[str, Any] | Non
         raise AgentError(f"unknown agent {agent!r}; choose one of: {', '.join(BACKENDS)}")
     unsupported = sorted(set(options) - BACKEND_OPTIONS[kind])
     if unsupported:
-        names = ", ".join("--" + name.replace("_", "-") for name in unsupported)
+        flags = {"executable": "--agent-executable", "agent_args": "--agent-arg"}
+        names = ", ".join(flags.get(name, "--" + name.replace("_", "-")) for name in unsupported)
         raise AgentError(f"{names} does not apply to --agent {kind}; drop it.")
     if kind == "mutate":
         from .mutate import MutateResearcher
