@@ -193,6 +193,8 @@ def test_a_killed_calls_tokens_are_unknown_and_count_at_an_estimate(repo: Path, 
     # The hung call counts as the largest call so far (25185 tokens): 2 x 25185 + the next one's
     # 25185 would pass 60000. Counted as zero it would not have stopped the run.
     assert "spent 50370" in ledger[3]["description"]
+    status = harness(["status", "est", "--repo", repo])
+    assert "1 call with unknown usage" in status.output
 
 
 def test_executable_args_and_base_url_from_the_repo_file_and_the_command_line(repo: Path, agents_env: Path,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from .. import pricing
 from .base import Proposal, Task, Usage, key_fingerprint
 from .process import ProcessResult, classify, find_executable, run_agent
 
@@ -33,6 +34,11 @@ def url_host(url: str | None) -> str | None:
     parts = urlsplit(url if "//" in url else "//" + url)
     host = parts.hostname or ""
     return f"{host}:{parts.port}" if parts.port else host or None
+
+
+def cost_source(model: str | None) -> str:
+    """Where this researcher's costs come from (pricing.call_cost): for the manifest and the report."""
+    return "table" if pricing.price(model) is not None else "researcher"
 
 
 def merge_error(result: ProcessResult, out: CLIOutput, name: str, timeout_s: float) -> tuple[str | None, str | None]:
@@ -121,7 +127,7 @@ class CLIResearcher:
                 "provider": self.provider_name(), "base_url": self.base_url,
                 "base_url_host": url_host(self.base_url), "key_var": var,
                 "key_fingerprint": key_fingerprint(os.environ.get(var)) if var else None,
-                "agent_args": list(self.agent_args), **self.settings()}
+                "agent_args": list(self.agent_args), "cost_source": cost_source(self.model), **self.settings()}
 
     def propose(self, task: Task) -> Proposal:
         extra = self.environment()

@@ -17,6 +17,7 @@ import openai
 
 from ..errors import AgentError
 from .base import Proposal, Task, Usage, key_fingerprint
+from .cli import cost_source, url_host
 from .edits import FORMAT_HELP, EditError, apply_edits
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -207,7 +208,9 @@ class OpenAIResearcher:
                 "base_url": self.base_url, "temperature": self.temperature,
                 "reasoning_effort": self.reasoning_effort, "request_timeout_s": self.request_timeout,
                 "max_retries": self.max_retries, "repair_turns": self.repair_turns,
-                "backoff_s": self.backoff_s, "key_fingerprint": self.key_fingerprint}
+                "backoff_s": self.backoff_s, "key_fingerprint": self.key_fingerprint,
+                "provider": "openai", "base_url_host": url_host(self.base_url), "key_var": "OPENAI_API_KEY"
+                if os.environ.get("OPENAI_API_KEY") else None, "cost_source": cost_source(self.model)}
 
     # --- one request ----------------------------------------------------------------------
 
