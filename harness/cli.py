@@ -58,7 +58,7 @@ def run_options(fn):
         click.option("--min-delta", type=float, default=None, help="Smallest improvement worth keeping."),
         click.option("--z", "z", type=float, default=None, help="Standard errors a win must exceed (noise gate, default 2)."),
         click.option("--wire-api", type=click.Choice(["responses", "chat"]), default=None,
-                     help="openai: the Responses API (default) or Chat Completions (vLLM, Ollama, routers)."),
+                     help="openai/codex: the Responses API (default) or Chat Completions (vLLM, Ollama, routers)."),
         click.option("--base-url", default=None,
                      help="The researcher's server: openai's client URL, codex's generated provider, claude's "
                           "ANTHROPIC_BASE_URL, gemini's GOOGLE_GEMINI_BASE_URL."),

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import git
 from fakes.helpers import rows
-from fakes.real_cli import Rig, netns  # noqa: F401  (the fixture)
+from fakes.real_cli import Rig, netns  # noqa: F401,F811  (the fixture)
 
 
 @pytest.fixture
@@ -69,9 +69,10 @@ def test_claude_storm_and_hang_are_crashes_with_retries_and_unknown_tokens(repo:
     assert rig.leftovers() == []
 
 
-def test_check_calls_claudes_529_a_server_error(repo: Path, rig: Rig):
-    rig.server.script({"do": "status", "status": 529, "message": "Overloaded", "times": 100})
+@pytest.mark.parametrize("status, says", [(529, "the server failed (5xx"), (429, "rate limited (429)")])
+def test_check_names_the_class_of_claudes_529_and_429(repo: Path, rig: Rig, status: int, says: str):
+    rig.server.script({"do": "status", "status": status, "message": "Overloaded", "times": 100})
     done = rig.harness("check", "--repo", repo, "--agent", "claude", "--model", "test-model",
                        "--base-url", rig.server.url(), "--agent-executable", rig.executable, "--agent-timeout", 6)
     assert done.returncode == 1
-    assert "the server failed (5xx" in done.stderr
+    assert says in done.stderr, done.stderr[-2000:]

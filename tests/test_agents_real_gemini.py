@@ -8,7 +8,7 @@ import pytest
 
 from conftest import git
 from fakes.helpers import rows
-from fakes.real_cli import Rig, netns  # noqa: F401  (the fixture)
+from fakes.real_cli import Rig, netns  # noqa: F401,F811  (the fixture)
 
 # With GOOGLE_GEMINI_BASE_URL, gemini 0.61 wants the key's auth type named in its settings.
 SETTINGS = {"security": {"auth": {"selectedType": "gemini-api-key"}}}
