@@ -227,3 +227,13 @@ def test_executable_args_and_base_url_from_the_repo_file_and_the_command_line(re
     result = harness(["run", "--repo", repo, "--tag", "mut2", "--agent", "mutate", "--iterations", 1,
                       "--agent-arg", "x"])
     assert result.exit_code == 1 and "--agent-arg does not apply to --agent mutate" in result.output
+
+
+def test_a_cli_researcher_at_a_local_base_url_is_not_pipelined_by_default(repo: Path):
+    from harness.config import resolve
+    from harness.pipeline import pipeline_default
+    for agent in ("codex", "claude", "gemini"):
+        local = resolve(repo, "t", {"agent": agent, "agent_options": {"base_url": "http://127.0.0.1:8000/v1"}})
+        assert pipeline_default(local)[0] is False, agent  # the model may share the training GPU
+        remote = resolve(repo, "t", {"agent": agent, "agent_options": {"base_url": "https://api.example/v1"}})
+        assert pipeline_default(remote)[0] is True, agent
