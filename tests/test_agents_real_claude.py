@@ -47,6 +47,10 @@ def test_claude_edits_are_committed_and_the_price_table_wins_over_its_cost(repo:
     assert manifest["base_url_host"] == f"127.0.0.1:{rig.server.port}"
     assert rig.key not in (repo / "runs" / "rl" / "run.json").read_text()
     assert rig.leftovers() == []
+    report = rig.harness("report", repo / "runs" / "rl")
+    assert report.returncode == 0, report.stderr[-2000:]
+    markdown = (repo / "runs" / "rl" / "report.md").read_text()
+    assert "| cost from | table |" in markdown  # the report says where the cost came from
 
 
 def test_claude_storm_and_hang_are_crashes_with_retries_and_unknown_tokens(repo: Path, rig: Rig):

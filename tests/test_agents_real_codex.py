@@ -86,6 +86,9 @@ def test_codex_faults_cost_one_row_each_and_leave_nothing_running(repo: Path, ri
     log = (repo / "runs" / "rf" / "logs" / "iter-0001-agent.log").read_text()
     assert log.count("Reconnecting...") >= 1  # the whole output of the CLI is in the agent log
     assert rig.leftovers() == []
+    assert rig.harness("report", repo / "runs" / "rf").returncode == 0
+    markdown = (repo / "runs" / "rf" / "report.md").read_text()
+    assert "| calls with unknown usage (killed before reporting) | 5 |" in markdown
 
 
 @pytest.mark.parametrize("fault, says", [

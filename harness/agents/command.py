@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import AgentError
 from .base import Task, Usage, json_object, last_line
-from .cli import CLIOutput, CLIResearcher
+from .cli import CLIOutput, CLIResearcher, cost_source
 from .process import find_executable
 
 PLACEHOLDERS = ("{workdir}", "{prompt_file}", "{model}")
@@ -81,7 +81,7 @@ class CommandResearcher(CLIResearcher):
 
     def describe(self) -> dict[str, Any]:
         return {"backend": "cmd", "model": self.model, "template": self.template,
-                "agent_args": list(self.agent_args), "key_fingerprint": None}
+                "agent_args": list(self.agent_args), "key_fingerprint": None, "cost_source": cost_source(self.model)}
 
     def command(self, task: Task) -> list[str]:
         # The prompt file lives next to the log, outside the worktree (it is not a change).
