@@ -196,6 +196,10 @@ def test_gemini_json_output_tokens_and_errors():
     failed = parse_gemini_output(json.dumps({"error": {"type": "Error", "message": "429 Too Many Requests"}}))
     assert failed.usage is None and classify(failed.error) == "rate_limit"
     assert parse_gemini_output("").error == "gemini printed no JSON result object"
+    stderr = ("Attempt 1 failed with status 429. Retrying with backoff... _ApiError: quota\n  status: 429\n}\n"
+              "Attempt 2 failed with status 429. Retrying with backoff... _ApiError: quota\n")
+    killed = parse_gemini_output("", stderr)
+    assert killed.retries == 2 and killed.usage is None and classify(killed.error) == "rate_limit"
 
 
 def _result(**kw):
@@ -212,6 +216,9 @@ def test_merge_error_of_process_and_output():
     error, kind = merge_error(_result(returncode=None, timed_out=True), said, "x", 5)
     assert kind == "rate_limit" and "did not finish within 5s" in error and "429" in error  # a storm, not a hang
     assert merge_error(_result(returncode=None, timed_out=True), quiet, "x", 5)[1] == "timeout"
+    nothing = CLIOutput(None, "", "x printed no JSON result object", False)
+    error, kind = merge_error(_result(returncode=None, timed_out=True), nothing, "x", 5)
+    assert kind == "timeout" and "printed no JSON" not in error  # no output is no error text of its own
     assert merge_error(_result(returncode=None, cancelled=True), said, "x", 5)[1] == "cancelled"
 
 

@@ -26,19 +26,21 @@ def run_args(rig: Rig, repo: Path, tag: str, *extra) -> list:
 def test_claude_edits_are_committed_and_the_price_table_wins_over_its_cost(repo: Path, rig: Rig, tmp_path: Path):
     prices = tmp_path / "prices.toml"  # a local model: free, whatever claude computes for itself
     prices.write_text('[models."test-model"]\ninput = 0.0\ncached_input = 0.0\noutput = 0.0\n')
-    rig.server.script({"do": "edit", "input_tokens": 3000, "cached_tokens": 1000, "output_tokens": 70})
-    done = rig.harness(*run_args(rig, repo, "rl", "--iterations", 1, "--agent-timeout", 60, "--prices", prices))
+    rig.server.script({"do": "edit", "input_tokens": 3000, "cached_tokens": 1000, "output_tokens": 70},
+                      {"do": "edit", "input_tokens": 4000, "cached_tokens": 0, "output_tokens": 20})
+    done = rig.harness(*run_args(rig, repo, "rl", "--iterations", 2, "--agent-timeout", 60, "--prices", prices))
     assert done.returncode == 0, done.stderr[-3000:]
     ledger = rows(repo, "rl")
-    assert [r["status"] for r in ledger] == ["keep", "keep"]
-    row = ledger[1]
-    assert row["description"] == "lower VALUE to 0.9"
-    assert "VALUE = 0.9" in git(repo, "show", "autoresearch/rl:train.py")
+    assert [r["status"] for r in ledger] == ["keep", "keep", "keep"]
+    assert [r["description"] for r in ledger[1:]] == ["lower VALUE to 0.9", "lower VALUE to 0.8"]
+    assert "VALUE = 0.8" in git(repo, "show", "autoresearch/rl:train.py")
     # Read, Edit, the answer, and the side request that names the session: all on the ledger.
+    assert [(r["input_tokens"], r["cached_tokens"], r["output_tokens"]) for r in ledger[1:]] == [
+        (3 * 3000 + 11, 3 * 1000, 3 * 70 + 3), (3 * 4000 + 11, 0, 3 * 20 + 3)]
     reported = rig.server.reported()
-    assert (row["input_tokens"], row["cached_tokens"], row["output_tokens"]) == (
-        reported["input_tokens"], reported["cached_tokens"], reported["output_tokens"])
-    assert row["input_tokens"] == 3 * 3000 + 11
+    assert sum(r["input_tokens"] for r in ledger[1:]) == reported["input_tokens"]
+    assert sum(r["output_tokens"] for r in ledger[1:]) == reported["output_tokens"]
+    row = ledger[1]
     log = (repo / "runs" / "rl" / "logs" / "iter-0001-agent.log").read_text()
     assert row["cost_usd"] == 0.0  # claude's own total_cost_usd is in its log, not on the ledger
     assert '"total_cost_usd"' in log

@@ -55,3 +55,31 @@ def test_check_says_gemini_needs_its_auth_type_for_a_base_url(repo: Path, rig: R
     assert done.returncode == 1
     assert "not logged in" in done.stderr and "Invalid auth method" in done.stderr
     assert "selectedType" in done.stderr  # and what to write where
+
+
+def test_gemini_faults_cost_one_row_each_with_unknown_tokens(repo: Path, rig: Rig):
+    rig.server.script({"do": "status", "status": 500, "message": "Internal error", "times": 100})
+    first = rig.harness(*run_args(rig, repo, "rh", "--iterations", 1, "--agent-timeout", 8))
+    assert first.returncode == 0, first.stderr[-3000:]
+    rig.server.script({"do": "garbage", "times": 100})
+    second = rig.harness(*run_args(rig, repo, "rh", "--iterations", 2, "--agent-timeout", 8, "--resume"))
+    assert second.returncode == 0, second.stderr[-3000:]
+    rig.server.script("edit_then_hang")
+    third = rig.harness(*run_args(rig, repo, "rh", "--iterations", 3, "--agent-timeout", 8, "--resume"))
+    assert third.returncode == 0, third.stderr[-3000:]
+    ledger = rows(repo, "rh")
+    assert [r["status"] for r in ledger] == ["keep", "crash", "crash", "crash"]
+    for row in ledger[1:]:
+        assert row["input_tokens"] is None and row["output_tokens"] is None, row
+    storm = ledger[1]
+    assert storm["retries"] >= 1 and "status 500" in storm["description"]  # its own retries, counted
+    assert "VALUE = 1.0" in git(repo, "show", "autoresearch/rh:train.py")  # the half edit was not kept
+    assert rig.leftovers() == []
+
+
+def test_check_calls_geminis_500_a_server_error(repo: Path, rig: Rig):
+    rig.server.script({"do": "status", "status": 500, "message": "Internal error", "times": 100})
+    done = rig.harness("check", "--repo", repo, "--agent", "gemini", "--model", "test-model",
+                       "--base-url", rig.server.url(), "--agent-executable", rig.executable, "--agent-timeout", 8)
+    assert done.returncode == 1
+    assert "the server failed (5xx" in done.stderr, done.stderr[-2000:]

@@ -81,5 +81,5 @@ class ClaudeResearcher(CLIResearcher):
                 "--permission-mode", PERMISSION_MODE]
         return argv + (["--model", self.model] if self.model else [])  # the prompt comes on stdin
 
-    def parse(self, stdout: str) -> CLIOutput:
+    def parse(self, stdout: str, stderr: str = "") -> CLIOutput:
         return parse_claude_result(stdout)

@@ -52,7 +52,7 @@ def merge_error(result: ProcessResult, out: CLIOutput, name: str, timeout_s: flo
     failure = result.failure(name, timeout_s)
     if result.killed:
         error = failure
-        if out.error and not result.launch_error:
+        if out.error and out.found and not result.launch_error:  # the CLI's own words, not "printed nothing"
             error = f"{failure}; its last error: {out.error}"
     elif out.error and (out.found or not failure):
         error = out.error
@@ -63,7 +63,7 @@ def merge_error(result: ProcessResult, out: CLIOutput, name: str, timeout_s: flo
     if result.cancelled:
         return error, "cancelled"
     if result.timed_out:
-        reported = classify(out.error) if out.error else "agent"
+        reported = classify(out.error) if out.error and out.found else "agent"
         return error, reported if reported not in ("agent", "timeout") else "timeout"
     return error, classify(error)
 
@@ -99,7 +99,7 @@ class CLIResearcher:
         """Variables to set for the CLI (its base URL); the rest of the environment passes through."""
         return {}
 
-    def parse(self, stdout: str) -> CLIOutput:
+    def parse(self, stdout: str, stderr: str = "") -> CLIOutput:
         raise NotImplementedError
 
     def stdin(self, task: Task) -> str | None:
@@ -134,7 +134,7 @@ class CLIResearcher:
         env = {**os.environ, **extra} if extra else None
         result = run_agent(self.argv(task), task.worktree, task.timeout_s, task.log_path,
                            stdin_text=self.stdin(task), env=env, cancel=task.cancel)
-        out = self.parse(result.stdout)
+        out = self.parse(result.stdout, result.stderr)
         error, kind = merge_error(result, out, self.name, task.timeout_s)
         usage = out.usage
         if usage is None:

@@ -103,5 +103,5 @@ class CodexResearcher(CLIResearcher):
     def command_tail(self, task: Task) -> list[str]:
         return ["-"]  # the prompt comes on stdin
 
-    def parse(self, stdout: str) -> CLIOutput:
+    def parse(self, stdout: str, stderr: str = "") -> CLIOutput:
         return parse_codex_events(stdout)

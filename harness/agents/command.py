@@ -90,5 +90,5 @@ class CommandResearcher(CLIResearcher):
         prompt_file.write_text(task.prompt)
         return render_argv(self.template, task.worktree, prompt_file, self.model)
 
-    def parse(self, stdout: str) -> CLIOutput:
+    def parse(self, stdout: str, stderr: str = "") -> CLIOutput:
         return parse_command_output(stdout)

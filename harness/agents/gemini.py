@@ -4,12 +4,14 @@
 an approval (shell commands), as claude's acceptEdits does. The prompt comes on stdin (the
 `-p` text is appended to it). The JSON object it prints at the end carries the answer
 (`response`), an `error`, and per-model token counts (`stats.models.*.tokens`: prompt,
-cached, candidates, thoughts). `--base-url` sets GOOGLE_GEMINI_BASE_URL; gemini 0.61 then
+cached, candidates, thoughts); its retries print `Attempt N failed with status S` on stderr.
+`--base-url` sets GOOGLE_GEMINI_BASE_URL; gemini 0.61 then
 wants `security.auth.selectedType = "gemini-api-key"` in ~/.gemini/settings.json, or it
 refuses with "Invalid auth method selected" (docs/researchers.md).
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .base import Task, Usage, json_object, last_line
@@ -19,6 +21,7 @@ INSTALL_HINT = ("Install it with `npm install -g @google/gemini-cli`, then set G
                 "(or run `gemini` once and log in), or name it with --agent-executable.")
 APPROVAL_MODE = "auto_edit"
 PROMPT_FLAG_TEXT = "Follow the instructions above."  # -p wants a text; the program is on stdin
+ATTEMPT_RE = re.compile(r"^(Attempt \d+ failed with status \d+.*)$", re.M)
 
 
 def _result_object(text: str) -> dict[str, Any] | None:
@@ -52,9 +55,18 @@ def api_retries(stats: dict[str, Any]) -> int:
     return retries
 
 
-def parse_gemini_output(text: str) -> CLIOutput:
+def stderr_retries(stderr: str) -> tuple[int, str | None]:
+    """gemini's `Attempt N failed with status S. Retrying...` lines: how many, and the last one."""
+    attempts = ATTEMPT_RE.findall(stderr or "")
+    return len(attempts), (attempts[-1] if attempts else None)
+
+
+def parse_gemini_output(text: str, stderr: str = "") -> CLIOutput:
+    retried, last = stderr_retries(stderr)
     data = _result_object(text.strip())
     if data is None:
+        if last:  # still retrying when it ended: its last attempt's failure says why
+            return CLIOutput(None, "", last, True, retried)
         return CLIOutput(None, "", "gemini printed no JSON result object", False)
     stats = data.get("stats") or {}
     error = data.get("error")
@@ -62,7 +74,7 @@ def parse_gemini_output(text: str) -> CLIOutput:
         error = error.get("message") or error.get("type") or "error"
     response = data.get("response") if isinstance(data.get("response"), str) else ""
     return CLIOutput(gemini_usage(stats), "" if error else last_line(response),
-                     str(error)[:500] if error else None, True, api_retries(stats))
+                     str(error)[:500] if error else None, True, max(api_retries(stats), retried))
 
 
 class GeminiResearcher(CLIResearcher):
@@ -87,5 +99,5 @@ class GeminiResearcher(CLIResearcher):
     def command_tail(self, task: Task) -> list[str]:
         return ["-p", PROMPT_FLAG_TEXT]
 
-    def parse(self, stdout: str) -> CLIOutput:
-        return parse_gemini_output(stdout)
+    def parse(self, stdout: str, stderr: str = "") -> CLIOutput:
+        return parse_gemini_output(stdout, stderr)
