@@ -5,9 +5,9 @@ from typing import Any
 
 from .. import pricing
 from ..errors import AgentError
-from .base import ERROR_KINDS, Proposal, Researcher, Task, Usage
+from .base import ERROR_KINDS, KEY_VARS, Proposal, Researcher, Task, Usage
 
-__all__ = ["ERROR_KINDS", "Proposal", "Researcher", "Task", "Usage", "make_researcher", "BACKENDS",
+__all__ = ["ERROR_KINDS", "KEY_VARS", "Proposal", "Researcher", "Task", "Usage", "make_researcher", "BACKENDS",
            "routing_mismatch"]
 
 BACKENDS = ("mutate", "openai", "codex", "claude", "gemini", "cmd:TEMPLATE")
@@ -24,10 +24,6 @@ BACKEND_OPTIONS: dict[str, set[str]] = {
     "cmd": {"agent_args"},
 }
 
-# The environment variables each backend takes its key from, in the order they are looked up.
-KEY_VARS = {"openai": ("OPENAI_API_KEY",), "codex": ("CODEX_API_KEY", "OPENAI_API_KEY"),
-            "claude": ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"),
-            "gemini": ("GEMINI_API_KEY", "GOOGLE_API_KEY")}
 
 
 def backend_kind(agent: str) -> str:

@@ -17,6 +17,11 @@ from typing import Any, Protocol
 ERROR_KINDS = ("missing_key", "auth", "not_found", "rate_limit", "not_logged_in", "timeout",
                "server", "connection", "bad_request", "agent", "cancelled")
 
+# The environment variables each backend takes its key from, in the order they are looked up.
+KEY_VARS = {"openai": ("OPENAI_API_KEY",), "codex": ("CODEX_API_KEY", "OPENAI_API_KEY"),
+            "claude": ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"),
+            "gemini": ("GEMINI_API_KEY", "GOOGLE_API_KEY")}
+
 
 @dataclass(frozen=True)
 class Task:

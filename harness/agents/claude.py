@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Task, Usage, json_object, last_line
+from .base import KEY_VARS, Task, Usage, json_object, last_line
 from .cli import CLIOutput, CLIResearcher
 
 INSTALL_HINT = ("Install it with `npm install -g @anthropic-ai/claude-code`, then run `claude` once "
@@ -67,7 +67,7 @@ class ClaudeResearcher(CLIResearcher):
     name = "claude"
     default_executable = "claude"
     install_hint = INSTALL_HINT
-    key_vars = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
+    key_vars = KEY_VARS["claude"]
     provider = "anthropic"
 
     def settings(self) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 from ..errors import AgentError
-from .base import Task, Usage, json_object, last_line
+from .base import KEY_VARS, Task, Usage, json_object, last_line
 from .cli import CLIOutput, CLIResearcher
 
 INSTALL_HINT = ("Install it with `npm install -g @openai/codex`, then run `codex login` "
@@ -60,7 +60,7 @@ class CodexResearcher(CLIResearcher):
     name = "codex"
     default_executable = "codex"
     install_hint = INSTALL_HINT
-    key_vars = ("CODEX_API_KEY", "OPENAI_API_KEY")
+    key_vars = KEY_VARS["codex"]
     provider = "openai"
 
     def __init__(self, model: str | None = None, reasoning_effort: str | None = None,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .base import Task, Usage, json_object, last_line
+from .base import KEY_VARS, Task, Usage, json_object, last_line
 from .cli import CLIOutput, CLIResearcher
 
 INSTALL_HINT = ("Install it with `npm install -g @google/gemini-cli`, then set GEMINI_API_KEY "
@@ -81,7 +81,7 @@ class GeminiResearcher(CLIResearcher):
     name = "gemini"
     default_executable = "gemini"
     install_hint = INSTALL_HINT
-    key_vars = ("GEMINI_API_KEY", "GOOGLE_API_KEY")
+    key_vars = KEY_VARS["gemini"]
     provider = "gemini"
 
     def settings(self) -> dict[str, Any]:
