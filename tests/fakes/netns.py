@@ -79,8 +79,10 @@ class Netns:
 
     @classmethod
     def start(cls) -> "Netns":
-        holder = subprocess.Popen(["unshare", "-n", "sh", "-c", "ip link set lo up && echo up && exec sleep 86400"],
-                                  stdout=subprocess.PIPE, text=True, start_new_session=True)
+        # The holder lives as long as the test process: it exits when it is orphaned.
+        watch = f"import os, time\nparent = {os.getpid()}\nwhile os.getppid() == parent: time.sleep(1)"
+        holder = subprocess.Popen(["unshare", "-n", "sh", "-c", 'ip link set lo up && echo up && exec "$0" -c "$1"',
+                                   sys.executable, watch], stdout=subprocess.PIPE, text=True, start_new_session=True)
         line = holder.stdout.readline().strip()
         if line != "up":
             holder.kill()
