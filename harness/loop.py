@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
-from . import spend, __version__, decide, events, health, ledger, ledgerguard, pricing, recovery, seal
+from . import __version__, decide, events, health, ledger, ledgerguard, pricing, recovery, seal, spend
 from .agents import Researcher, make_researcher, routing_mismatch
 from .config import RunConfig
 from .errors import RepoError

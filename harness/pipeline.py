@@ -51,7 +51,8 @@ def pipeline_default(cfg: RunConfig) -> tuple[bool, str]:
     if cfg.agent.startswith("cmd:"):
         return False, "a cmd: researcher may run a model on the training GPU; pass --pipeline if it does not"
     if cfg.agent in ("openai", "codex", "claude", "gemini"):  # --base-url: any backend may go local
-        url = cfg.agent_options.get("base_url") or (os.environ.get("OPENAI_BASE_URL") if cfg.agent == "openai" else "") or ""
+        env_url = os.environ.get("OPENAI_BASE_URL") if cfg.agent == "openai" else None
+        url = cfg.agent_options.get("base_url") or env_url or ""
         if (urlparse(url).hostname or "") in LOCAL_HOSTS:
             return False, (f"the model server {url} is on this machine and may share the training GPU; "
                            f"pass --pipeline if it does not")
