@@ -11,12 +11,11 @@ import contextlib
 import math
 import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import git
 
 from . import pricing, prompt, supervise
-from .agents import Proposal, Task, make_researcher
+from .agents import KEY_VARS, Proposal, Task, make_researcher
 from .config import RunConfig
 from .errors import HarnessError
 from .gitgate import GitGate
@@ -40,7 +39,8 @@ HELP = {
     "timeout": "no answer within the time limit (--agent-timeout {timeout:g}s, --request-timeout): "
                "is {where} reachable and the model this slow?",
     "connection": "cannot connect to {where}: check --base-url and that the server is running.",
-    "server": "the server failed (5xx): try again later, or another --base-url.",
+    "server": "the server failed (5xx, overloaded or high demand): try again later, or another --base-url.",
+    "cancelled": "the researcher call was cancelled before it finished.",
     "bad_request": "the server refused the request (400): does the model support the options given "
                    "(--temperature, --reasoning-effort, --wire-api)?",
     "agent": "the researcher failed.",
@@ -64,6 +64,7 @@ class CheckReport:
     value: float | None
     hours: float
     settings: dict = field(default_factory=dict)
+    cost_source: str = "table"  # table | researcher | unknown (pricing.call_cost)
 
     @property
     def iteration_s(self) -> float:
@@ -80,13 +81,16 @@ class CheckReport:
 
 def explain(proposal: Proposal, researcher, cfg: RunConfig) -> str:
     settings = researcher.describe()
-    where = settings.get("base_url") or f"the {researcher.name} CLI"
-    key_var = {"claude": "ANTHROPIC_API_KEY"}.get(researcher.name, "OPENAI_API_KEY")
+    where = settings.get("base_url") or f"the {researcher.name} CLI's default server"
+    key_var = settings.get("key_var") or " or ".join(KEY_VARS.get(researcher.name, ("its API key",)))
     text = HELP.get(proposal.error_kind or "agent", HELP["agent"]).format(
         agent=researcher.name, model=researcher.model, where=where, key_var=key_var,
         timeout=cfg.agent_timeout)
     if proposal.error_kind == "auth" and not settings.get("key_fingerprint"):
         text += f" (no {key_var} is set)"
+    if researcher.name == "gemini" and "invalid auth method" in (proposal.error or "").lower():
+        text += (' With --base-url, gemini needs security.auth.selectedType = "gemini-api-key" in '
+                 '~/.gemini/settings.json.')
     return f"{text}\n  {proposal.error}"
 
 
@@ -137,25 +141,26 @@ def run_check(cfg: RunConfig, hours: float) -> CheckReport:
                 folder.rmdir()
     usage = proposal.usage
     model = pricing.resolve_model(cfg.model)
-    cost = usage.cost_usd if usage.cost_usd is not None else pricing.cost_usd(
-        model, usage.input_tokens, usage.cached_tokens, usage.output_tokens)
+    cost, cost_source = pricing.call_cost(model, usage)
     return CheckReport(agent=researcher.name, model=model, agent_s=proposal.agent_s,
                        input_tokens=usage.input_tokens, cached_tokens=usage.cached_tokens,
                        output_tokens=usage.output_tokens, cost_usd=cost, retries=proposal.retries,
                        description=proposal.description, changed=[c[3:] for c in changed],
                        train_s=result.train_s, metric=cfg.metric, value=result.value(cfg.metric),
-                       hours=hours, settings=researcher.describe())
+                       hours=hours, settings=researcher.describe(), cost_source=cost_source)
 
 
 def render(r: CheckReport) -> str:
-    cost = "unknown (no price for this model; add one with --prices)" if r.cost_usd is None else f"${r.cost_usd:.4f}"
+    source = {"table": "from the price table", "researcher": f"as {r.agent} reported it (no price for the model)"}
+    cost = ("unknown (no price for this model; add one with --prices)" if r.cost_usd is None
+            else f"${r.cost_usd:.4f} per call, {source.get(r.cost_source, r.cost_source)}")
     night = "unknown" if r.night_cost_usd is None else f"${r.night_cost_usd:.2f}"
     where = r.settings.get("base_url") or r.settings.get("executable") or ""
     return "\n".join([
         f"researcher  {r.agent} {r.model or '(default model)'} {where}".rstrip(),
         f"  latency   {r.agent_s:.1f} s per call ({r.retries} retries)",
         f"  tokens    input {r.input_tokens} (cached {r.cached_tokens}), output {r.output_tokens} per call",
-        f"  cost      {cost} per call",
+        f"  cost      {cost}",
         f"  edit      {', '.join(r.changed) or 'no file changed'}: {r.description or '(no description)'}",
         f"training    {r.train_s:.1f} s wall, {r.metric} {'-' if r.value is None else f'{r.value:.6f}'}",
         f"night       {r.hours:g} h / {r.iteration_s:.1f} s per iteration = about {r.iterations} iterations, "

@@ -37,7 +37,7 @@ def run_options(fn):
         click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=".",
                      show_default=True, help="The research repo (a git repo with train.py)."),
         click.option("--tag", default=None, help="Run name; branch autoresearch/<tag>. Default: today's date."),
-        click.option("--agent", default=None, help="Researcher backend: mutate (offline), openai, codex, claude, cmd:TEMPLATE."),
+        click.option("--agent", default=None, help="Researcher backend: mutate (offline), openai, codex, claude, gemini, cmd:TEMPLATE."),
         click.option("--model", default=None, help="Researcher model or alias (see models.toml)."),
         click.option("--time-budget", type=float, default=None, help="Seconds of training per experiment."),
         click.option("--kill-after", type=float, default=None, help="Hard deadline per training job, seconds."),
@@ -61,8 +61,14 @@ def run_options(fn):
         click.option("--min-delta", type=float, default=None, help="Smallest improvement worth keeping."),
         click.option("--z", "z", type=float, default=None, help="Standard errors a win must exceed (noise gate, default 2)."),
         click.option("--wire-api", type=click.Choice(["responses", "chat"]), default=None,
-                     help="openai: the Responses API (default) or Chat Completions (vLLM, Ollama, routers)."),
-        click.option("--base-url", default=None, help="openai: the server's URL (default $OPENAI_BASE_URL or OpenAI's)."),
+                     help="openai/codex: the Responses API (default) or Chat Completions (vLLM, Ollama, routers)."),
+        click.option("--base-url", default=None,
+                     help="The researcher's server: openai's client URL, codex's generated provider, claude's "
+                          "ANTHROPIC_BASE_URL, gemini's GOOGLE_GEMINI_BASE_URL."),
+        click.option("--agent-executable", "executable", default=None,
+                     help="codex/claude/gemini: the CLI to run (a path or a name on PATH)."),
+        click.option("--agent-arg", "agent_args", multiple=True, default=None,
+                     help="An argument passed through to the researcher CLI (repeatable), e.g. -c key=value."),
         click.option("--temperature", type=float, default=None, help="openai: sampling temperature."),
         click.option("--reasoning-effort", default=None, help="openai/codex: reasoning effort (low, medium, high...)."),
         click.option("--request-timeout", type=float, default=None, help="openai: seconds per request (default 600)."),
@@ -81,13 +87,14 @@ def run_options(fn):
 
 
 AGENT_OPTIONS = ("wire_api", "base_url", "temperature", "reasoning_effort", "request_timeout",
-                 "max_retries", "repair_turns", "prices", "force")
+                 "max_retries", "repair_turns", "prices", "force", "executable", "agent_args")
+NOT_GIVEN = (None, False, ())  # an option left out (a repeatable one gives ())
 
 
 def build_config(repo: Path, tag: str | None, **flags: Any):
     tag = tag or time.strftime("%b%d").lower()
     options = {k: flags.pop(k) for k in AGENT_OPTIONS if k in flags}
-    flags["agent_options"] = {k: v for k, v in options.items() if v not in (None, False)} or None
+    flags["agent_options"] = {k: v for k, v in options.items() if v not in NOT_GIVEN} or None
     return resolve(repo, tag, flags)
 
 
@@ -303,7 +310,7 @@ def ab(repo, tag, resume, agent, model, agent_a, agent_b, model_a, model_b, arm_
             show_progress(event, data)
 
     options = {k: flags.pop(k) for k in AGENT_OPTIONS if k in flags}
-    flags["agent_options"] = {k: v for k, v in options.items() if v not in (None, False)} or None
+    flags["agent_options"] = {k: v for k, v in options.items() if v not in NOT_GIVEN} or None
     if arm_specs and (agent_a or agent_b or model_a or model_b):
         raise click.UsageError("use either --arm (a tournament) or --agent-a/--model-a/--agent-b/--model-b")
     arms = ([parse_arm(spec) for spec in arm_specs] if arm_specs else

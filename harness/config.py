@@ -56,6 +56,9 @@ WORKLOAD_DEFAULTS: dict[str, Any] = {
 
 RENAMED = {"stall_after": "stall_after_min"}
 TRACKERS = ("mlflow",)
+# Researcher settings a repo's file may give too; they join agent_options (the CLI's flags win).
+# A file's setting that does not apply to the chosen backend is left out, not an error.
+AGENT_FILE_KEYS = {"base_url": "base_url", "agent_executable": "executable", "agent_args": "agent_args"}
 
 TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
@@ -132,7 +135,14 @@ def _check_value(key: str, value: Any) -> Any:
     if key == "on_unhealthy":
         want(value in ("stop", "continue"), "'stop' or 'continue'")
         return value
-    raise ConfigError(f"unknown config key {key!r}; known keys: {', '.join(sorted(WORKLOAD_DEFAULTS))}")
+    if key in ("base_url", "agent_executable"):
+        want(isinstance(value, str) and value.strip() != "", "a non-empty string")
+        return value
+    if key == "agent_args":
+        want(isinstance(value, list) and all(isinstance(v, str) for v in value), "a list of strings")
+        return tuple(value)
+    known = sorted([*WORKLOAD_DEFAULTS, *AGENT_FILE_KEYS])
+    raise ConfigError(f"unknown config key {key!r}; known keys: {', '.join(known)}")
 
 
 def read_repo_settings(repo: Path) -> tuple[dict[str, Any], Path | None]:
@@ -234,6 +244,13 @@ class RunConfig:
         return out
 
 
+def _with_file_agent(file_agent: dict[str, Any], agent: str, cli: dict[str, Any] | None) -> dict[str, Any]:
+    """The file's researcher settings that apply to this backend, under the CLI's own."""
+    from .agents import BACKEND_OPTIONS, backend_kind
+    applies = BACKEND_OPTIONS.get(backend_kind(agent), set())
+    return {**{k: v for k, v in file_agent.items() if k in applies}, **(cli or {})}
+
+
 def resolve(repo: Path, tag: str, overrides: dict[str, Any]) -> RunConfig:
     """Merge defaults, the repo's settings file and CLI overrides (None = not given)."""
     repo = Path(repo).resolve()
@@ -244,11 +261,16 @@ def resolve(repo: Path, tag: str, overrides: dict[str, Any]) -> RunConfig:
         if old in file_settings and new not in file_settings:
             file_settings[new] = file_settings.pop(old)
     merged = dict(WORKLOAD_DEFAULTS)
+    file_agent: dict[str, Any] = {}
     for key, value in file_settings.items():
         try:
-            merged[key] = _check_value(key, value)
+            checked = _check_value(key, value)
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from e
+        if key in AGENT_FILE_KEYS:
+            file_agent[AGENT_FILE_KEYS[key]] = checked
+        else:
+            merged[key] = checked
     run_only = {"hours", "iterations", "from_rev", "max_tokens", "max_cost", "agent_options", "arm", "run_root", "gpu",
                 "pipeline", "gpus", "repeat"}
     extra: dict[str, Any] = {}
@@ -267,6 +289,8 @@ def resolve(repo: Path, tag: str, overrides: dict[str, Any]) -> RunConfig:
     if merged["track"] == "mlflow" and importlib.util.find_spec("mlflow") is None:
         raise ConfigError("--track mlflow needs the mlflow package: pip install 'autoresearch-harness[track]' "
                           "(or run without --track; `harness track RUN_DIR` can log the run later)")
+    if file_agent:
+        extra["agent_options"] = _with_file_agent(file_agent, merged["agent"], extra.get("agent_options"))
     if merged["kill_after"] is None:
         merged["kill_after"] = 2 * merged["time_budget"] + 120
     for key in ("editable", "protected"):

@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 from .config import RunConfig
 from .errors import ConfigError
 
-REMOTE_AGENTS = ("openai", "codex", "claude")
+REMOTE_AGENTS = ("openai", "codex", "claude", "gemini")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "0.0.0.0")
 
 
@@ -35,8 +35,9 @@ def pipeline_default(cfg: RunConfig) -> tuple[bool, str]:
         return False, "the mutate researcher answers at once: there is no latency to hide"
     if cfg.agent.startswith("cmd:"):
         return False, "a cmd: researcher may run a model on the training GPU; pass --pipeline if it does not"
-    if cfg.agent == "openai":
-        url = cfg.agent_options.get("base_url") or os.environ.get("OPENAI_BASE_URL") or ""
+    if cfg.agent in ("openai", "codex", "claude", "gemini"):  # --base-url: any backend may go local
+        env_url = os.environ.get("OPENAI_BASE_URL") if cfg.agent == "openai" else None
+        url = cfg.agent_options.get("base_url") or env_url or ""
         if (urlparse(url).hostname or "") in LOCAL_HOSTS:
             return False, (f"the model server {url} is on this machine and may share the training GPU; "
                            f"pass --pipeline if it does not")

@@ -82,3 +82,19 @@ def cost_usd(model: str | None, input_tokens: int, cached_tokens: int, output_to
     uncached = max(0, input_tokens - cached_tokens)
     return (uncached * p["input"] + cached_tokens * p.get("cached_input", p["input"])
             + output_tokens * p["output"]) / 1e6
+
+
+def call_cost(model: str | None, usage: Any) -> tuple[float | None, str]:
+    """(USD, source) of one researcher call: the price table wins when it has the model.
+
+    The researcher's own figure (claude's total_cost_usd, a `cmd` JSON line) is used only
+    for a model without a price. Source: "table", "researcher" or "unknown" (no price and
+    no figure, or usage that was never reported).
+    """
+    if not getattr(usage, "known", True):
+        return None, "unknown"
+    if price(model) is not None:
+        return cost_usd(model, usage.input_tokens, usage.cached_tokens, usage.output_tokens), "table"
+    if usage.cost_usd is not None:
+        return usage.cost_usd, "researcher"
+    return None, "unknown"

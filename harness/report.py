@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import events, ledger
+from . import events, ledger, spend
 from .errors import HarnessError
 from .report_diff import changed_names
 
@@ -236,6 +236,9 @@ def arm_figures(arm: ArmData) -> dict[str, Any]:
         "cached_tokens_per_iteration": per_iteration("cached_tokens"),
         "output_tokens_per_iteration": per_iteration("output_tokens"),
         "tokens": tokens, "cost_usd": cost,
+        # where the cost came from (price table or the researcher's own figure), from run.json
+        "cost_source": (_read_json(arm.ledger.parent / "run.json").get("researcher") or {}).get("cost_source"),
+        "unknown_usage_calls": spend.unknown_calls(rows) if has("input_tokens") else None,
         "improvement_per_gpu_hour": _ratio(improvement, None if train_s is None else train_s / 3600),
         "improvement_per_1m_tokens": _ratio(improvement, None if tokens is None else tokens / 1e6),
         "improvement_per_usd": _ratio(improvement, cost),

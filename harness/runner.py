@@ -9,7 +9,6 @@ import math
 import os
 import re
 import shlex
-import signal
 import subprocess
 import threading
 import time

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import events, ledger
+from . import events, ledger, spend
 from .errors import HarnessError
 from .step import pending
 
@@ -42,7 +42,7 @@ def render_text(path: Path, last: int = 10, last_events: int = 3) -> str:
         f"experiments: {evaluated}   " + "  ".join(f"{k}: {v}" for k, v in sorted(counts.items())),
         f"baseline {metric}: {fmt(base)}   best: {fmt(best_value)} ({best.get('commit', '') if best else ''})"
         + (f"   improvement: {best_value - base:+.6f}" if base is not None and best_value is not None else ""),
-        f"tokens in/out: {tokens_in}/{tokens_out}   cost: {cost}",
+        f"tokens in/out: {tokens_in}/{tokens_out}   cost: {cost}" + unknown_note(rows),
         "",
         f"{'iter':>4}  {'commit':12}  {metric:>10}  {'status':8}  description",
     ]
@@ -64,3 +64,9 @@ def render_text(path: Path, last: int = 10, last_events: int = 3) -> str:
 
 def fmt(value) -> str:
     return "-" if value is None else f"{value:.6f}"
+
+
+def unknown_note(rows: list[dict]) -> str:
+    """How many calls' usage is unknown (killed before they reported): not counted above as zero."""
+    n = spend.unknown_calls(rows)
+    return f"   ({n} call{'s' if n != 1 else ''} with unknown usage, budgeted at the largest call)" if n else ""

@@ -54,6 +54,7 @@ class Context:
     program_text: str
     journal: str = "inflight.json"  # this worktree's in-flight journal (lanes have one per worktree)
     executor: Any = None  # where training runs (executors.Executor)
+    cancel: threading.Event | None = None  # the run's stop: a researcher still thinking is cancelled
 
 
 def now_iso() -> str:
@@ -83,7 +84,7 @@ def propose(ctx: Context, state: RunState, iteration: int, parent: str, note: st
         editable=cfg.editable, note=note)
     task = Task(worktree=ctx.wt.path, prompt=text, editable=cfg.editable,
                 timeout_s=cfg.agent_timeout, log_path=cfg.logs_dir / f"iter-{iteration:04d}-agent.log",
-                iteration=iteration, seed=cfg.seed, tried=frozenset(state.tried))
+                iteration=iteration, seed=cfg.seed, tried=frozenset(state.tried), cancel=ctx.cancel)
     start = time.monotonic()
     try:
         proposal = ctx.researcher.propose(task)
@@ -209,24 +210,26 @@ class Candidate:
     def journal_entry(self, **extra: Any) -> dict[str, Any]:
         """What a resume needs to train this committed candidate, or to record it: its proposal's
         spend included, so an interruption loses neither the proposal nor what it cost."""
-        usage = self.proposal.usage
+        tokens_in, cached, tokens_out = self.proposal.usage.cells()  # None when never reported
         return {"iteration": self.iteration, "parent": self.parent, "started_at": self.started_at,
                 "phase": "train", "commit": self.commit, "description": self.description,
                 "model": self.model, "agent_s": round(self.proposal.agent_s, 3), "retries": self.proposal.retries,
-                "input_tokens": usage.input_tokens, "cached_tokens": usage.cached_tokens,
-                "output_tokens": usage.output_tokens, "cost_usd": self.cost_usd, **extra}
+                "input_tokens": tokens_in, "cached_tokens": cached,
+                "output_tokens": tokens_out, "cost_usd": self.cost_usd, **extra}
 
     @classmethod
     def from_journal(cls, data: dict[str, Any], best_before: float) -> "Candidate":
         """A committed candidate an interruption left untrained, rebuilt from its journal entry."""
-        usage = Usage(data.get("input_tokens") or 0, data.get("cached_tokens") or 0, data.get("output_tokens") or 0)
+        usage = Usage(data.get("input_tokens") or 0, data.get("cached_tokens") or 0, data.get("output_tokens") or 0,
+                      known=data.get("input_tokens", 0) is not None)
         proposal = Proposal(data.get("description", ""), usage, data.get("agent_s") or 0.0, data.get("retries") or 0)
         return cls(data["iteration"], data["parent"], best_before, data["started_at"], time.monotonic(), proposal,
                    data.get("model"), data.get("cost_usd"), data.get("description", ""), commit=data["commit"])
 
     def row(self, ctx: Context, status: str, description: str, result: TrainResult | None = None,
             log: Path | None = None) -> Row:
-        cfg, usage = ctx.cfg, self.proposal.usage
+        cfg = ctx.cfg
+        tokens_in, cached, tokens_out = self.proposal.usage.cells()  # None when never reported
         value = result.value(cfg.metric) if result else None
         log = log or cfg.logs_dir / f"iter-{self.iteration:04d}-agent.log"
         return Row(commit=self.commit, metric=value, status=status, description=ledger.one_line(description),
@@ -235,8 +238,8 @@ class Candidate:
                    best_before=self.best_before, delta=None if value is None else value - self.best_before,
                    started_at=self.started_at, agent_s=round(self.proposal.agent_s, 3),
                    train_s=round(result.train_s, 3) if result else None,
-                   wall_s=round(time.monotonic() - self.t0, 3), input_tokens=usage.input_tokens,
-                   cached_tokens=usage.cached_tokens, output_tokens=usage.output_tokens,
+                   wall_s=round(time.monotonic() - self.t0, 3), input_tokens=tokens_in,
+                   cached_tokens=cached, output_tokens=tokens_out,
                    cost_usd=self.cost_usd, retries=self.proposal.retries, log=rel(cfg, log),
                    sealed=seal.cell(result))
 
@@ -258,8 +261,7 @@ def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str
         guard.restore(ctx.wt, cfg.branch, parent, before)
     model = pricing.resolve_model(cfg.model)
     usage = proposal.usage
-    cost = usage.cost_usd if usage.cost_usd is not None else pricing.cost_usd(
-        model, usage.input_tokens, usage.cached_tokens, usage.output_tokens)
+    cost, _ = pricing.call_cost(model, usage)  # the price table wins over the researcher's figure
     cand = Candidate(iteration, parent, best_before, started_at, t0, proposal, model, cost,
                      proposal.description or "(no description)")
     agent_log = cfg.logs_dir / f"iter-{iteration:04d}-agent.log"

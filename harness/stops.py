@@ -68,10 +68,12 @@ def proposals(rows: list[dict[str, Any]]) -> int:
 
 
 class Spend:
-    """Running totals of the researcher's spend, so no check re-reads the whole ledger."""
+    """Running totals of the researcher's spend, so no check re-reads the whole ledger. A call whose
+    usage is unknown (killed before it reported) counts at the largest known call (spend.py)."""
 
     def __init__(self, rows: list[dict[str, Any]]):
-        self.count, self.tokens, self.cost_usd, self.unpriced = 0, 0, 0.0, False
+        self.count = self.unknown = self.known_tokens = self.max_tokens = 0
+        self.known_cost_usd, self.max_cost_usd, self.unpriced = 0.0, 0.0, False
         for r in rows:
             self.add(r)
 
@@ -79,11 +81,25 @@ class Spend:
         get = row.get if isinstance(row, dict) else lambda k: getattr(row, k, None)
         if (get("iteration") or 0) <= 0 or get("agent_s") is None or get("status") in ("repeat", "budget"):
             return
-        tokens = (get("input_tokens") or 0) + (get("output_tokens") or 0)
         self.count += 1
-        self.tokens += tokens
-        self.cost_usd += get("cost_usd") or 0.0
-        self.unpriced = self.unpriced or (get("cost_usd") is None and tokens > 0)
+        if get("input_tokens") is None and get("output_tokens") is None:
+            self.unknown += 1
+            return
+        tokens = (get("input_tokens") or 0) + (get("output_tokens") or 0)
+        self.known_tokens += tokens
+        self.max_tokens = max(self.max_tokens, tokens)
+        cost = get("cost_usd")
+        self.known_cost_usd += cost or 0.0
+        self.max_cost_usd = max(self.max_cost_usd, cost or 0.0)
+        self.unpriced = self.unpriced or (cost is None and tokens > 0)
+
+    @property
+    def tokens(self) -> int:
+        return self.known_tokens + self.unknown * self.max_tokens
+
+    @property
+    def cost_usd(self) -> float:
+        return self.known_cost_usd + self.unknown * self.max_cost_usd
 
 
 class StopPolicy:

@@ -9,4 +9,6 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1 \
     || echo "could not install chromium: the HTML screenshot test will be skipped" >&2
 fi
+# The real researcher CLIs (codex, claude, gemini), pinned, into .cache/npm (not globally).
+bash scripts/install_clis.sh
 exec "$PY" -m pytest -q "$@"

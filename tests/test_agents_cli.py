@@ -89,11 +89,12 @@ def test_claude_not_logged_in_is_a_crash_then_edits_with_reported_cost(repo: Pat
     assert "Invalid API key · Please run /login" in ledger[1]["description"]
     row = ledger[2]
     assert (row["input_tokens"], row["cached_tokens"], row["output_tokens"]) == (12 + 3000 + 15000, 15000, 450)
-    assert row["cost_usd"] == pytest.approx(0.0421)  # reported by claude, used as-is
+    # The price table has the model: its price wins over the $0.0421 claude reported.
+    assert row["cost_usd"] == pytest.approx(pricing.cost_usd("claude-sonnet-4-6", 18012, 15000, 450), abs=1e-6)
     assert row["description"] == "lower VALUE to 0.95" and row["model"] == "claude-sonnet-4-6"
     first = calls(agents_env)[0]
-    assert first["argv"][1:] == ["-p", "--output-format", "json", "--permission-mode", "acceptEdits",
-                                 "--model", "claude-sonnet-4-6"]
+    assert first["argv"][1:] == ["-p", "--output-format", "stream-json", "--verbose", "--permission-mode",
+                                 "acceptEdits", "--model", "claude-sonnet-4-6"]
     assert first["cwd"] == str(repo / "runs" / "cl" / "lanes" / "0a")  # pipelined by default
 
 
@@ -157,7 +158,8 @@ def test_check_says_the_cli_is_not_logged_in(repo: Path, agents_env: Path):
     script(agents_env, "edit")
     result = harness(["check", "--repo", repo, "--agent", "claude", "--hours", 1])
     assert result.exit_code == 0, result.output
-    assert "$0.0421 per call" in result.stdout and "iterations" in result.stdout
+    # No model given: no price, so claude's own figure is used, and the check says so.
+    assert "$0.0421 per call, as claude reported it" in result.stdout and "iterations" in result.stdout
 
 
 def test_registry_errors_say_what_to_do(monkeypatch, tmp_path: Path):
@@ -166,11 +168,72 @@ def test_registry_errors_say_what_to_do(monkeypatch, tmp_path: Path):
         make_researcher("codex", "gpt-5.3-codex")
     with pytest.raises(AgentError, match="claude-code"):
         make_researcher("claude", None)
-    with pytest.raises(AgentError, match="unknown agent 'gemini'.*openai, codex, claude"):
+    with pytest.raises(AgentError, match="unknown agent 'gemma'.*openai, codex, claude, gemini"):
+        make_researcher("gemma", None)
+    with pytest.raises(AgentError, match="google/gemini-cli"):
         make_researcher("gemini", None)
+    with pytest.raises(AgentError, match="/no/such/codex` command does not exist"):
+        make_researcher("codex", None, {"executable": "/no/such/codex"})
     with pytest.raises(AgentError, match="--agent openai needs --model"):
         make_researcher("openai", None, {"base_url": "http://127.0.0.1:9/v1"})
     with pytest.raises(AgentError, match="--temperature does not apply to --agent mutate"):
         make_researcher("mutate", None, {"temperature": 0.5})
     with pytest.raises(AgentError, match="not on PATH"):
         make_researcher("cmd:no-such-agent-command {prompt_file}", None)
+
+
+def test_a_killed_calls_tokens_are_unknown_and_count_at_an_estimate(repo: Path, agents_env: Path):
+    script(agents_env, "edit", "hang", "edit", "edit")
+    result = harness(["run", "--repo", repo, "--tag", "est", "--agent", "codex", "--no-pipeline",
+                      "--iterations", 4, "--agent-timeout", 2, "--max-tokens", 60000])
+    assert result.exit_code == 0, result.output
+    ledger = rows(repo, "est")
+    assert [r["status"] for r in ledger] == ["keep", "keep", "crash", "budget"]
+    assert ledger[2]["input_tokens"] is None and ledger[2]["output_tokens"] is None  # unknown, not 0
+    # The hung call counts as the largest call so far (25185 tokens): 2 x 25185 + the next one's
+    # 25185 would pass 60000. Counted as zero it would not have stopped the run.
+    assert "spent 50370" in ledger[3]["description"]
+    status = harness(["status", "est", "--repo", repo])
+    assert "1 call with unknown usage" in status.output
+
+
+def test_executable_args_and_base_url_from_the_repo_file_and_the_command_line(repo: Path, agents_env: Path,
+                                                                               monkeypatch):
+    monkeypatch.setenv("PATH", os.environ["PATH"].split(os.pathsep, 1)[1])  # no stand-in on PATH
+    codex = agents_env / "bin" / "codex"
+    with open(repo / "harness.toml", "a") as f:
+        f.write(f'agent_executable = "{codex}"\nagent_args = ["-c", "from_file=1"]\n'
+                f'base_url = "http://127.0.0.1:9/v1"\n')
+    monkeypatch.setenv("CODEX_API_KEY", "sk-codex-test")
+    result = harness(["run", "--repo", repo, "--tag", "args", "--agent", "codex", "--iterations", 1])
+    assert result.exit_code == 0, result.output
+    argv = calls(agents_env)[0]["argv"][1:]
+    assert argv[-3:] == ["-c", "from_file=1", "-"]  # the user's arguments, then the prompt's "-"
+    assert 'model_providers.harness.base_url="http://127.0.0.1:9/v1"' in argv
+    assert 'model_providers.harness.env_key="CODEX_API_KEY"' in argv  # the variable's name, never the key
+    assert "sk-codex-test" not in json.dumps(argv)
+    manifest = json.loads((repo / "runs" / "args" / "run.json").read_text())["researcher"]
+    assert manifest["executable"] == str(codex) and manifest["agent_args"] == ["-c", "from_file=1"]
+    assert (manifest["provider"], manifest["base_url_host"], manifest["key_var"]) == (
+        "harness", "127.0.0.1:9", "CODEX_API_KEY")
+    assert "sk-codex-test" not in (repo / "runs" / "args" / "run.json").read_text()
+    # The command line wins over the file; a setting that does not apply to mutate is left out.
+    result = harness(["run", "--repo", repo, "--tag", "args2", "--agent", "codex", "--iterations", 1,
+                      "--agent-arg", "--flag-from-cli"])
+    assert result.exit_code == 0, result.output
+    assert calls(agents_env)[-1]["argv"][-2:] == ["--flag-from-cli", "-"]
+    result = harness(["run", "--repo", repo, "--tag", "mut", "--agent", "mutate", "--iterations", 1])
+    assert result.exit_code == 0, result.output
+    result = harness(["run", "--repo", repo, "--tag", "mut2", "--agent", "mutate", "--iterations", 1,
+                      "--agent-arg", "x"])
+    assert result.exit_code == 1 and "--agent-arg does not apply to --agent mutate" in result.output
+
+
+def test_a_cli_researcher_at_a_local_base_url_is_not_pipelined_by_default(repo: Path):
+    from harness.config import resolve
+    from harness.pipeline import pipeline_default
+    for agent in ("codex", "claude", "gemini"):
+        local = resolve(repo, "t", {"agent": agent, "agent_options": {"base_url": "http://127.0.0.1:8000/v1"}})
+        assert pipeline_default(local)[0] is False, agent  # the model may share the training GPU
+        remote = resolve(repo, "t", {"agent": agent, "agent_options": {"base_url": "https://api.example/v1"}})
+        assert pipeline_default(remote)[0] is True, agent

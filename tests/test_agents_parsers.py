@@ -7,7 +7,11 @@ import pytest
 
 from harness import pricing
 from harness.agents import routing_mismatch
+from harness import spend
+from harness.agents.base import Usage
 from harness.agents.claude import parse_claude_result
+from harness.agents.cli import CLIOutput, merge_error
+from harness.agents.gemini import parse_gemini_output
 from harness.agents.codex import parse_codex_events
 from harness.agents.command import parse_command_output, render_argv
 from harness.agents.edits import EditError, apply_edits, parse_blocks
@@ -136,12 +140,18 @@ CODEX = "\n".join(json.dumps(e) for e in [
 def test_codex_events_last_turn_usage_final_message_and_errors():
     run = parse_codex_events("warning: not json\n" + CODEX + "\n")
     assert (run.usage.input_tokens, run.usage.cached_tokens, run.usage.output_tokens) == (300, 200, 40)
-    assert run.description == "raise LR" and run.error is None and run.thread_id == "th_1"
+    assert run.description == "raise LR" and run.error is None and run.retries == 1
     failed = parse_codex_events(CODEX + "\n" + json.dumps(
         {"type": "turn.failed", "error": {"message": "stream error: 401 Unauthorized"}}))
     assert failed.error == "stream error: 401 Unauthorized" and classify(failed.error) == "auth"
     assert parse_codex_events(json.dumps({"type": "error", "message": "boom"})).error == "boom"
-    assert parse_codex_events("").usage.input_tokens == 0
+    assert parse_codex_events("").usage is None  # never reported: unknown, not zero
+    storm = "\n".join(json.dumps({"type": "error", "message": f"Reconnecting... {n}/5 (unexpected status 429 "
+                                  "Too Many Requests)"}) for n in range(1, 4))
+    run = parse_codex_events(storm)
+    assert run.retries == 3 and run.usage is None and classify(run.error) == "rate_limit"
+    demand = "We're currently experiencing high demand, which may cause temporary errors."
+    assert classify(parse_codex_events(json.dumps({"type": "error", "message": demand})).error) == "server"
 
 
 def test_claude_result_usage_cost_and_not_logged_in():
@@ -157,6 +167,85 @@ def test_claude_result_usage_cost_and_not_logged_in():
     assert run.error == "Invalid API key · Please run /login" and classify(run.error) == "not_logged_in"
     assert parse_claude_result("Error: something").error == "claude printed no JSON result object"
     assert parse_claude_result(json.dumps(dict(ok, subtype="error_max_turns"))).error == "Edited.\nuse AdamW"
+    retry = {"type": "system", "subtype": "api_retry", "attempt": 1, "max_retries": 10, "retry_delay_ms": 500,
+             "error_status": 429, "error": "rate_limit"}
+    stream = "\n".join(json.dumps(e) for e in [{"type": "system", "subtype": "init"}, retry,
+                                                dict(retry, attempt=2), ok])
+    run = parse_claude_result(stream)
+    assert run.retries == 2 and run.usage.input_tokens == 1105 and run.description == "use AdamW"
+    both = dict(ok, modelUsage={"claude-sonnet-4-6": {"inputTokens": 5, "outputTokens": 70, "cacheReadInputTokens": 1000,
+                                                      "cacheCreationInputTokens": 100},
+                                "claude-haiku-4-5": {"inputTokens": 11, "outputTokens": 3}})
+    run = parse_claude_result(json.dumps(both))  # every model's requests, the title request included
+    assert (run.usage.input_tokens, run.usage.cached_tokens, run.usage.output_tokens) == (1116, 1000, 73)
+    assert run.usage.cost_usd == 0.25
+    killed = parse_claude_result("\n".join(json.dumps(e) for e in [{"type": "system", "subtype": "init"}, retry]))
+    assert killed.usage is None and killed.retries == 1 and classify(killed.error) == "rate_limit"
+
+
+def test_gemini_json_output_tokens_and_errors():
+    ok = {"response": "Edited train.py.\n\nlower VALUE to 0.9", "stats": {"models": {
+        "gemini-2.5-pro": {"api": {"totalRequests": 3, "totalErrors": 1},
+                           "tokens": {"prompt": 900, "candidates": 40, "total": 960, "cached": 300,
+                                      "thoughts": 20, "tool": 0}},
+        "gemini-2.5-flash": {"api": {"totalRequests": 1, "totalErrors": 0},
+                             "tokens": {"prompt": 100, "candidates": 5, "cached": 0, "thoughts": 0}}}}}
+    run = parse_gemini_output("Loaded cached credentials.\n" + json.dumps(ok, indent=2))
+    assert (run.usage.input_tokens, run.usage.cached_tokens, run.usage.output_tokens) == (1000, 300, 65)
+    assert run.description == "lower VALUE to 0.9" and run.error is None and run.retries == 1
+    failed = parse_gemini_output(json.dumps({"error": {"type": "Error", "message": "429 Too Many Requests"}}))
+    assert failed.usage is None and classify(failed.error) == "rate_limit"
+    assert parse_gemini_output("").error == "gemini printed no JSON result object"
+    stderr = ("Attempt 1 failed with status 429. Retrying with backoff... _ApiError: quota\n  status: 429\n}\n"
+              "Attempt 2 failed with status 429. Retrying with backoff... _ApiError: quota\n")
+    killed = parse_gemini_output("", stderr)
+    assert killed.retries == 2 and killed.usage is None and classify(killed.error) == "rate_limit"
+
+
+def _result(**kw):
+    from harness.agents.process import ProcessResult
+    return ProcessResult(**{"stdout": "", "stderr": "", "returncode": 0, "timed_out": False, "agent_s": 1.0, **kw})
+
+
+def test_merge_error_of_process_and_output():
+    quiet = CLIOutput(None, "", None, False)
+    said = CLIOutput(None, "", "429 Too Many Requests", True)
+    assert merge_error(_result(), quiet, "x", 5) == (None, None)
+    assert merge_error(_result(returncode=2, stderr="boom"), quiet, "x", 5) == ("x exited with code 2: boom", "agent")
+    assert merge_error(_result(returncode=1), said, "x", 5) == ("429 Too Many Requests", "rate_limit")
+    error, kind = merge_error(_result(returncode=None, timed_out=True), said, "x", 5)
+    assert kind == "rate_limit" and "did not finish within 5s" in error and "429" in error  # a storm, not a hang
+    assert merge_error(_result(returncode=None, timed_out=True), quiet, "x", 5)[1] == "timeout"
+    nothing = CLIOutput(None, "", "x printed no JSON result object", False)
+    error, kind = merge_error(_result(returncode=None, timed_out=True), nothing, "x", 5)
+    assert kind == "timeout" and "printed no JSON" not in error  # no output is no error text of its own
+    assert merge_error(_result(returncode=None, cancelled=True), said, "x", 5)[1] == "cancelled"
+
+
+def test_price_table_wins_over_the_researchers_figure(tmp_path):
+    usage = Usage(1_000_000, 0, 0, cost_usd=9.99)
+    assert pricing.call_cost("gpt-5.4", usage) == (pytest.approx(2.50), "table")
+    assert pricing.call_cost("no-such-model", usage) == (9.99, "researcher")
+    assert pricing.call_cost("no-such-model", Usage(10, 0, 1)) == (None, "unknown")
+    assert pricing.call_cost("gpt-5.4", Usage.unknown()) == (None, "unknown")
+    free = tmp_path / "free.toml"
+    free.write_text('[models."local-coder"]\ninput = 0.0\noutput = 0.0\n')
+    try:
+        pricing.set_prices_file(free)
+        assert pricing.call_cost("local-coder", Usage(5000, 0, 300, cost_usd=0.0214)) == (0.0, "table")
+    finally:
+        pricing.set_prices_file(None)
+
+
+def test_unknown_calls_count_at_the_largest_known_one():
+    rows = [{"iteration": 0, "agent_s": None, "input_tokens": 0, "output_tokens": 0},
+            {"iteration": 1, "agent_s": 3.0, "input_tokens": 1000, "output_tokens": 100, "cost_usd": 0.01},
+            {"iteration": 2, "agent_s": 9.0, "input_tokens": None, "output_tokens": None, "cost_usd": None},
+            {"iteration": 3, "agent_s": 2.0, "input_tokens": 500, "output_tokens": 50, "cost_usd": 0.005}]
+    assert spend.call_tokens(rows) == [1100, 1100, 550]
+    assert spend.call_costs(rows) == [0.01, 0.01, 0.005]
+    assert spend.unknown_calls(rows) == 1
+    assert spend.call_tokens(rows[:1] + rows[2:3]) == [0]  # no estimate yet
 
 
 def test_command_output_and_argv_substitution(tmp_path):
@@ -164,7 +253,7 @@ def test_command_output_and_argv_substitution(tmp_path):
     assert (out.usage.input_tokens, out.usage.cached_tokens, out.usage.output_tokens, out.usage.cost_usd) == (10, 4, 3, 0.5)
     assert out.description == "working"
     plain = parse_command_output("step 1\nset dropout 0.1\n\n")
-    assert plain.description == "set dropout 0.1" and plain.usage.cost_usd is None
+    assert plain.description == "set dropout 0.1" and plain.usage is None  # the base makes it free
     argv = render_argv("agent --dir={workdir} 'a b' {prompt_file} -m {model}", tmp_path / "w", tmp_path / "p.md", "m1")
     assert argv == ["agent", f"--dir={tmp_path / 'w'}", "a b", str(tmp_path / "p.md"), "-m", "m1"]
 
@@ -211,3 +300,10 @@ def test_routing_mismatch():
     assert routing_mismatch({}, "openai", "gpt-5.4", same) == []
     changed = routing_mismatch(manifest, "codex", "gpt-5.2", {"base_url": "http://b/v1", "key_fingerprint": None})
     assert [c.split()[0] for c in changed] == ["backend", "model", "base", "key"]
+    # A manifest that records the provider, host and key variable: a change of any is named, both values.
+    old = {"agent": "codex", "model": "m", "researcher": {"provider": "harness", "base_url": "http://127.0.0.1:1/v1",
+                                                         "base_url_host": "127.0.0.1:1", "key_var": "OPENAI_API_KEY",
+                                                         "key_fingerprint": None}}
+    now = dict(old["researcher"], provider="openai", base_url=None, base_url_host=None)
+    changed = routing_mismatch(old, "codex", "m", now)
+    assert changed[0] == "provider 'harness' -> 'openai'" and len(changed) == 3

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import driver, ledger, pipeline
+from harness import driver, ledger
 from harness.agents import Proposal
 from harness.config import resolve
 from harness.errors import ConfigError

@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 # Why an invocation failed, for `harness check` to tell the user what to fix.
 ERROR_KINDS = ("missing_key", "auth", "not_found", "rate_limit", "not_logged_in", "timeout",
-               "server", "connection", "bad_request", "agent")
+               "server", "connection", "bad_request", "agent", "cancelled")
+
+# The environment variables each backend takes its key from, in the order they are looked up.
+KEY_VARS = {"openai": ("OPENAI_API_KEY",), "codex": ("CODEX_API_KEY", "OPENAI_API_KEY"),
+            "claude": ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"),
+            "gemini": ("GEMINI_API_KEY", "GOOGLE_API_KEY")}
 
 
 @dataclass(frozen=True)
@@ -27,6 +33,7 @@ class Task:
     iteration: int
     seed: int
     tried: frozenset[str] = frozenset()  # content hashes of editable files already evaluated
+    cancel: threading.Event | None = None  # set from another thread: stop now, return "cancelled"
 
 
 @dataclass
@@ -35,6 +42,18 @@ class Usage:
     cached_tokens: int = 0
     output_tokens: int = 0  # reasoning tokens included
     cost_usd: float | None = None  # only when the backend reports it
+    known: bool = True  # False: the call ended (killed, cancelled) before its usage was reported
+
+    @classmethod
+    def unknown(cls) -> "Usage":
+        """The usage of a call that was billed but never said how much: not zero, unknown."""
+        return cls(known=False)
+
+    def cells(self) -> tuple[int | None, int | None, int | None]:
+        """(input, cached, output) for the ledger: empty cells when unknown."""
+        if not self.known:
+            return None, None, None
+        return self.input_tokens, self.cached_tokens, self.output_tokens
 
     def __add__(self, other: "Usage") -> "Usage":
         cost = None
@@ -42,7 +61,7 @@ class Usage:
             cost = (self.cost_usd or 0.0) + (other.cost_usd or 0.0)
         return Usage(self.input_tokens + other.input_tokens,
                      self.cached_tokens + other.cached_tokens,
-                     self.output_tokens + other.output_tokens, cost)
+                     self.output_tokens + other.output_tokens, cost, self.known and other.known)
 
 
 @dataclass

@@ -1,83 +1,85 @@
-"""The `claude` researcher: `claude -p --output-format json` in the run's worktree.
+"""The `claude` researcher: `claude -p --output-format stream-json --verbose` in the worktree.
 
 `--permission-mode acceptEdits` lets it edit files without asking; anything else that would
 need approval (shell commands) is refused in print mode, so it cannot train or commit.
-A not-logged-in answer still says `subtype: success`: `is_error` is what tells.
+The stream's last line is the same result object `--output-format json` prints; before it,
+a `system` event with subtype `api_retry` marks each retry (429, 529, 5xx), so a rate-limit
+storm shows in the agent log and in `retries`. A not-logged-in answer still says
+`subtype: success`: `is_error` is what tells. `--base-url` sets ANTHROPIC_BASE_URL.
 """
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from typing import Any
 
-from .base import Proposal, Task, Usage, json_object, key_fingerprint, last_line
-from .process import classify, find_executable, run_agent
+from .base import KEY_VARS, Task, Usage, json_object, last_line
+from .cli import CLIOutput, CLIResearcher
 
 INSTALL_HINT = ("Install it with `npm install -g @anthropic-ai/claude-code`, then run `claude` once "
-                "and /login (or set ANTHROPIC_API_KEY).")
+                "and /login (or set ANTHROPIC_API_KEY), or name it with --agent-executable.")
 PERMISSION_MODE = "acceptEdits"
 
 
-@dataclass
-class ClaudeRun:
-    usage: Usage
-    description: str
-    error: str | None
-
-
-def _result_object(text: str) -> dict[str, Any] | None:
+def _events(text: str) -> list[dict[str, Any]]:
     text = text.strip()
-    candidates = [text] + [line.strip() for line in reversed(text.splitlines())]
-    for candidate in candidates:
-        data = json_object(candidate)
-        if data is not None and data.get("type") == "result":
-            return data
-    return None
+    whole = json_object(text)
+    if whole is not None:
+        return [whole]
+    return [e for e in (json_object(line) for line in text.splitlines()) if e is not None]
 
 
-def parse_claude_result(text: str) -> ClaudeRun:
-    """Read `claude -p --output-format json` output: one result object."""
-    data = _result_object(text)
-    if data is None:
-        return ClaudeRun(Usage(), "", "claude printed no JSON result object")
+def result_usage(data: dict[str, Any], cost: float | None) -> Usage:
+    """The result's tokens: `modelUsage` (every request of every model, the side requests that
+    name the session included) when it is there, else `usage` (the main model's turns).
+    Input includes the cache reads and writes; cached = the cache reads."""
+    models = data.get("modelUsage")
+    if isinstance(models, dict) and models:
+        total = Usage(cost_usd=cost)
+        for m in models.values():
+            read, write = m.get("cacheReadInputTokens") or 0, m.get("cacheCreationInputTokens") or 0
+            total = total + Usage((m.get("inputTokens") or 0) + read + write, read, m.get("outputTokens") or 0)
+        return total
     u = data.get("usage") or {}
-    cache_read = u.get("cache_read_input_tokens") or 0
-    cache_write = u.get("cache_creation_input_tokens") or 0
+    read, write = u.get("cache_read_input_tokens") or 0, u.get("cache_creation_input_tokens") or 0
+    return Usage((u.get("input_tokens") or 0) + read + write, read, u.get("output_tokens") or 0, cost)
+
+
+def parse_claude_result(text: str) -> CLIOutput:
+    """Read claude's output: `stream-json` lines or one `json` result object."""
+    events = _events(text)
+    retries = sum(1 for e in events if e.get("type") == "system" and e.get("subtype") == "api_retry")
+    data = next((e for e in reversed(events) if e.get("type") == "result"), None)
+    if data is None:
+        retry = next((e for e in reversed(events) if e.get("subtype") == "api_retry"), None)
+        error = "claude printed no JSON result object"
+        if retry is not None:
+            error = f"claude was still retrying: {retry.get('error_status') or ''} {retry.get('error') or ''}".strip()
+        return CLIOutput(None, "", error, bool(events), retries)
     cost = data.get("total_cost_usd")
-    usage = Usage((u.get("input_tokens") or 0) + cache_read + cache_write, cache_read,
-                  u.get("output_tokens") or 0, float(cost) if cost is not None else None)
+    usage = result_usage(data, float(cost) if cost is not None else None)
     result = data.get("result") if isinstance(data.get("result"), str) else ""
     error = None
     if data.get("is_error") or data.get("subtype") not in (None, "success"):
         error = (result.strip() or str(data.get("subtype") or "error"))[:500]
-    return ClaudeRun(usage, "" if error else last_line(result), error)
+    return CLIOutput(usage, "" if error else last_line(result), error, True, retries)
 
 
-class ClaudeResearcher:
+class ClaudeResearcher(CLIResearcher):
     name = "claude"
+    default_executable = "claude"
+    install_hint = INSTALL_HINT
+    key_vars = KEY_VARS["claude"]
+    provider = "anthropic"
 
-    def __init__(self, model: str | None = None, executable: str = "claude"):
-        self.model = model
-        self.executable = find_executable(executable, INSTALL_HINT)
+    def settings(self) -> dict[str, Any]:
+        return {"permission_mode": PERMISSION_MODE}
 
-    def describe(self) -> dict[str, Any]:
-        return {"backend": "claude", "model": self.model, "executable": self.executable,
-                "permission_mode": PERMISSION_MODE,
-                "key_fingerprint": key_fingerprint(os.environ.get("ANTHROPIC_API_KEY"))}
+    def environment(self) -> dict[str, str]:
+        return {"ANTHROPIC_BASE_URL": self.base_url} if self.base_url else {}
 
-    def argv(self) -> list[str]:
-        argv = [self.executable, "-p", "--output-format", "json", "--permission-mode", PERMISSION_MODE]
+    def command(self, task: Task) -> list[str]:
+        argv = [self.executable, "-p", "--output-format", "stream-json", "--verbose",
+                "--permission-mode", PERMISSION_MODE]
         return argv + (["--model", self.model] if self.model else [])  # the prompt comes on stdin
 
-    def propose(self, task: Task) -> Proposal:
-        result = run_agent(self.argv(), task.worktree, task.timeout_s, task.log_path, stdin_text=task.prompt)
-        run = parse_claude_result(result.stdout)
-        failure = result.failure("claude", task.timeout_s)
-        if result.timed_out or result.launch_error:
-            error = failure
-        elif run.error and _result_object(result.stdout) is None and failure:
-            error = failure  # no JSON at all: the exit code and stderr say more
-        else:
-            error = run.error or failure
-        kind = None if not error else "timeout" if result.timed_out else classify(error)
-        return Proposal(run.description, run.usage, result.agent_s, error=error, error_kind=kind)
+    def parse(self, stdout: str, stderr: str = "") -> CLIOutput:
+        return parse_claude_result(stdout)

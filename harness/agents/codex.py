@@ -2,43 +2,42 @@
 
 Codex edits the worktree itself inside its workspace-write sandbox (it cannot commit: the
 worktree's git directory lies outside the sandbox). The JSONL event stream gives the usage
-(the last `turn.completed`, cumulative for the thread), the errors and the final message.
+(the last `turn.completed`: codex sums every request of the turn there), the errors, its
+own retries (`Reconnecting... n/m`) and the final message. With `--base-url` the harness
+generates a model provider on the command line (`-c model_providers.harness...`), so no
+`CODEX_HOME/config.toml` is needed.
 """
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+import json
+import re
 from typing import Any
 
-from .base import Proposal, Task, Usage, json_object, key_fingerprint, last_line
-from .process import classify, find_executable, run_agent
+from ..errors import AgentError
+from .base import KEY_VARS, Task, Usage, json_object, last_line
+from .cli import CLIOutput, CLIResearcher
 
 INSTALL_HINT = ("Install it with `npm install -g @openai/codex`, then run `codex login` "
-                "(or set OPENAI_API_KEY / CODEX_API_KEY).")
+                "(or set OPENAI_API_KEY / CODEX_API_KEY), or name it with --agent-executable.")
+PROVIDER = "harness"  # the name of the provider generated for --base-url
+WIRE_APIS = ("responses", "chat")
+RETRY_RE = re.compile(r"\b(?:reconnecting|retrying)\b\D{0,40}?(\d+)\s*/\s*(\d+)", re.I)
 
 
-@dataclass
-class CodexRun:
-    usage: Usage
-    description: str
-    error: str | None
-    thread_id: str | None = None
-
-
-def parse_codex_events(text: str) -> CodexRun:
+def parse_codex_events(text: str) -> CLIOutput:
     """Read `codex exec --json` output. Lines that are not JSON events are ignored.
 
-    An `error` event followed by a `turn.completed` was transient (codex retried it itself).
+    An `error` event followed by a `turn.completed` was transient (codex retried it itself);
+    each `Reconnecting... n/m` is one retry.
     """
-    usage, message, error, thread_id = Usage(), "", None, None
+    usage, message, error, found, retries = None, "", None, False, 0
     for line in text.splitlines():
         event = json_object(line)
         if event is None:
             continue
+        found = True
         kind = event.get("type")
-        if kind == "thread.started":
-            thread_id = event.get("thread_id")
-        elif kind == "item.completed":
+        if kind == "item.completed":
             item = event.get("item") or {}
             if item.get("type") == "agent_message" and item.get("text"):
                 message = item["text"]
@@ -50,42 +49,59 @@ def parse_codex_events(text: str) -> CodexRun:
         elif kind == "turn.failed":
             error = ((event.get("error") or {}).get("message")) or "turn failed"
         elif kind == "error":
-            error = event.get("message") or "error"
-    return CodexRun(usage, last_line(message), error, thread_id)
+            text_ = event.get("message") or "error"
+            if RETRY_RE.search(text_):
+                retries += 1
+            error = text_
+    return CLIOutput(usage, last_line(message), error, found, retries)
 
 
-class CodexResearcher:
+class CodexResearcher(CLIResearcher):
     name = "codex"
+    default_executable = "codex"
+    install_hint = INSTALL_HINT
+    key_vars = KEY_VARS["codex"]
+    provider = "openai"
 
     def __init__(self, model: str | None = None, reasoning_effort: str | None = None,
-                 executable: str = "codex"):
-        self.model = model
+                 executable: str | None = None, agent_args=None, base_url: str | None = None,
+                 wire_api: str | None = None):
+        super().__init__(model, executable, agent_args, base_url)
+        if wire_api is not None and wire_api not in WIRE_APIS:
+            raise AgentError(f"--wire-api must be one of {', '.join(WIRE_APIS)}, got {wire_api!r}.")
         self.reasoning_effort = reasoning_effort
-        self.executable = find_executable(executable, INSTALL_HINT)
+        self.wire_api = wire_api or "responses"
 
-    def describe(self) -> dict[str, Any]:
-        key = os.environ.get("CODEX_API_KEY") or os.environ.get("OPENAI_API_KEY")
-        return {"backend": "codex", "model": self.model, "executable": self.executable,
-                "sandbox": "workspace-write", "reasoning_effort": self.reasoning_effort,
-                "key_fingerprint": key_fingerprint(key)}
+    def provider_name(self) -> str:
+        return PROVIDER if self.base_url else self.provider
 
-    def argv(self, task: Task) -> list[str]:
+    def settings(self) -> dict[str, Any]:
+        return {"sandbox": "workspace-write", "reasoning_effort": self.reasoning_effort,
+                "wire_api": self.wire_api if self.base_url else None}
+
+    def provider_args(self) -> list[str]:
+        """`-c` overrides that define and select a provider at --base-url (values are TOML)."""
+        if not self.base_url:
+            return []
+        table = f"model_providers.{PROVIDER}"
+        args = [f"model_provider={json.dumps(PROVIDER)}", f"{table}.name={json.dumps(PROVIDER)}",
+                f"{table}.base_url={json.dumps(self.base_url)}", f"{table}.wire_api={json.dumps(self.wire_api)}"]
+        key_var = self.key_var()
+        if key_var:  # the variable's name goes on the command line, never the key
+            args.append(f"{table}.env_key={json.dumps(key_var)}")
+        return [part for arg in args for part in ("-c", arg)]
+
+    def command(self, task: Task) -> list[str]:
         argv = [self.executable, "exec", "--json", "--sandbox", "workspace-write", "--ephemeral",
                 "--skip-git-repo-check", "-C", str(task.worktree)]
         if self.model:
             argv += ["-m", self.model]
         if self.reasoning_effort:
             argv += ["-c", f'model_reasoning_effort="{self.reasoning_effort}"']
-        return argv + ["-"]  # the prompt comes on stdin
+        return argv + self.provider_args()
 
-    def propose(self, task: Task) -> Proposal:
-        result = run_agent(self.argv(task), task.worktree, task.timeout_s, task.log_path,
-                           stdin_text=task.prompt)
-        run = parse_codex_events(result.stdout)
-        failure = result.failure("codex", task.timeout_s)
-        error = (failure if result.timed_out or result.launch_error else None) or run.error or failure
-        kind = None
-        if error:
-            kind = "timeout" if result.timed_out else classify(error)
-        # Tokens spent before a failure are still on the bill: the usage is kept either way.
-        return Proposal(run.description, run.usage, result.agent_s, error=error, error_kind=kind)
+    def command_tail(self, task: Task) -> list[str]:
+        return ["-"]  # the prompt comes on stdin
+
+    def parse(self, stdout: str, stderr: str = "") -> CLIOutput:
+        return parse_codex_events(stdout)

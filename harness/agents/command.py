@@ -9,21 +9,15 @@ otherwise the last non-empty stdout line is the description.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import AgentError
-from .base import Proposal, Task, Usage, json_object, last_line
-from .process import classify, find_executable, run_agent
+from .base import Task, Usage, json_object, last_line
+from .cli import CLIOutput, CLIResearcher, cost_source
+from .process import find_executable
 
 PLACEHOLDERS = ("{workdir}", "{prompt_file}", "{model}")
-
-
-@dataclass
-class CommandOutput:
-    usage: Usage
-    description: str
 
 
 def _int(value: Any) -> int:
@@ -33,12 +27,12 @@ def _int(value: Any) -> int:
         return 0
 
 
-def parse_command_output(stdout: str) -> CommandOutput:
-    """Usage and description from the command's stdout (pure)."""
+def parse_command_output(stdout: str) -> CLIOutput:
+    """Usage and description from the command's stdout (pure); usage None when it printed none."""
     line = last_line(stdout)
     data = json_object(line)
     if data is None:
-        return CommandOutput(Usage(), line)
+        return CLIOutput(None, line, None, False)
     cost = data.get("cost_usd")
     try:
         cost = None if cost is None else float(cost)
@@ -49,7 +43,7 @@ def parse_command_output(stdout: str) -> CommandOutput:
     description = str(data.get("description") or "")
     if not description:  # the line before the JSON, if any
         description = last_line(stdout.strip()[: -len(line)]) if stdout.strip() != line else ""
-    return CommandOutput(usage, description)
+    return CLIOutput(usage, description, None, True)
 
 
 def render_argv(template: str, workdir: Path, prompt_file: Path, model: str | None) -> list[str]:
@@ -62,10 +56,13 @@ def render_argv(template: str, workdir: Path, prompt_file: Path, model: str | No
     return argv
 
 
-class CommandResearcher:
-    name = "cmd"
+class CommandResearcher(CLIResearcher):
+    """Any command; it reports no usage (a plain script) and costs nothing, unless it was killed."""
 
-    def __init__(self, template: str, model: str | None = None):
+    name = "cmd"
+    silent_is_free = True
+
+    def __init__(self, template: str, model: str | None = None, agent_args=None):
         try:
             argv = shlex.split(template)
         except ValueError as e:
@@ -78,18 +75,20 @@ class CommandResearcher:
             raise AgentError(f"{argv[0]} does not exist; check the command in --agent cmd:TEMPLATE.")
         self.template = template
         self.model = model
+        self.executable = argv[0]
+        self.agent_args = tuple(agent_args or ())
+        self.base_url = None
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": "cmd", "model": self.model, "template": self.template, "key_fingerprint": None}
+        return {"backend": "cmd", "model": self.model, "template": self.template,
+                "agent_args": list(self.agent_args), "key_fingerprint": None, "cost_source": cost_source(self.model)}
 
-    def propose(self, task: Task) -> Proposal:
+    def command(self, task: Task) -> list[str]:
         # The prompt file lives next to the log, outside the worktree (it is not a change).
         prompt_file = task.log_path.parent / f"iter-{task.iteration:04d}-prompt.md"
         prompt_file.parent.mkdir(parents=True, exist_ok=True)
         prompt_file.write_text(task.prompt)
-        argv = render_argv(self.template, task.worktree, prompt_file, self.model)
-        result = run_agent(argv, task.worktree, task.timeout_s, task.log_path, stdin_text=task.prompt)
-        out = parse_command_output(result.stdout)
-        error = result.failure(Path(argv[0]).name, task.timeout_s)
-        kind = None if not error else "timeout" if result.timed_out else classify(error)
-        return Proposal(out.description, out.usage, result.agent_s, error=error, error_kind=kind)
+        return render_argv(self.template, task.worktree, prompt_file, self.model)
+
+    def parse(self, stdout: str, stderr: str = "") -> CLIOutput:
+        return parse_command_output(stdout)

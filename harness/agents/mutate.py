@@ -95,7 +95,7 @@ class MutateResearcher:
         self.seed = seed
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": "mutate", "seed": self.seed}
+        return {"backend": "mutate", "seed": self.seed, "cost_source": "free"}
 
     def propose(self, task: Task) -> Proposal:
         start = time.monotonic()

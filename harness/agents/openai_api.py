@@ -9,6 +9,7 @@ retry never counts tokens twice; usage is summed over the turns that answered.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -16,6 +17,7 @@ import openai
 
 from ..errors import AgentError
 from .base import Proposal, Task, Usage, key_fingerprint
+from .cli import cost_source, url_host
 from .edits import FORMAT_HELP, EditError, apply_edits
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -26,6 +28,7 @@ REPAIR_TURNS = 2  # follow-up requests when an edit does not apply
 BACKOFF_S = 2.0  # s before the first retry, doubling after each; $HARNESS_BACKOFF_S overrides
 BACKOFF_MAX_S = 60.0  # s, the longest wait between retries (a server's Retry-After included)
 MAX_FILE_CHARS = 200_000  # chars of one editable file sent to the model
+CANCEL_POLL_S = 0.05  # s between looks at the cancel event while a request is in flight
 
 SYSTEM = ("You are an ML researcher in an automated research loop. You read the research program, "
           "the recent results and the current code, and propose ONE change to the editable files "
@@ -132,6 +135,15 @@ def retry_after_s(e: Exception) -> float | None:
 # The researcher
 
 
+class Cancelled(Exception):
+    """The task's cancel event was set: no further request or retry."""
+
+    def __init__(self, in_flight: bool = False):
+        super().__init__("cancelled")
+        self.in_flight = in_flight  # a request was abandoned mid-way
+
+
+
 class OpenAIResearcher:
     name = "openai"
 
@@ -161,15 +173,44 @@ class OpenAIResearcher:
             backoff_s = float(os.environ.get("HARNESS_BACKOFF_S") or BACKOFF_S)
         self.backoff_s = float(backoff_s)
         # A local server (vLLM, Ollama) needs no key, but the client wants a string.
-        self.client = openai.OpenAI(api_key=key or "none", base_url=self.base_url, max_retries=0,
-                                    timeout=self.request_timeout)
+        self._key = key or "none"
+        self.client = self._new_client()
+
+    def _new_client(self) -> openai.OpenAI:
+        return openai.OpenAI(api_key=self._key, base_url=self.base_url, max_retries=0, timeout=self.request_timeout)
+
+    def _cancellable(self, messages: list[dict[str, str]], timeout_s: float,
+                     cancel: threading.Event | None) -> tuple[str, Usage]:
+        """_request, abandoned at once when cancel is set (its thread ends at the request's timeout,
+        its connection is closed with the client)."""
+        if cancel is None:
+            return self._request(messages, timeout_s)
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def work() -> None:
+            try:
+                box["value"] = self._request(messages, timeout_s)
+            except BaseException as e:  # handed to the caller's thread
+                box["error"] = e
+            done.set()
+        threading.Thread(target=work, daemon=True).start()
+        while not done.wait(CANCEL_POLL_S):
+            if cancel.is_set():
+                self.client.close()
+                raise Cancelled(in_flight=True)
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
 
     def describe(self) -> dict[str, Any]:
         return {"backend": "openai", "model": self.model, "wire_api": self.wire_api,
                 "base_url": self.base_url, "temperature": self.temperature,
                 "reasoning_effort": self.reasoning_effort, "request_timeout_s": self.request_timeout,
                 "max_retries": self.max_retries, "repair_turns": self.repair_turns,
-                "backoff_s": self.backoff_s, "key_fingerprint": self.key_fingerprint}
+                "backoff_s": self.backoff_s, "key_fingerprint": self.key_fingerprint,
+                "provider": "openai", "base_url_host": url_host(self.base_url), "key_var": "OPENAI_API_KEY"
+                if os.environ.get("OPENAI_API_KEY") else None, "cost_source": cost_source(self.model)}
 
     # --- one request ----------------------------------------------------------------------
 
@@ -192,20 +233,24 @@ class OpenAIResearcher:
         data = self.client.chat.completions.create(**kwargs).model_dump()
         return chat_text(data), chat_usage(data)
 
-    def _request_with_retries(self, messages, deadline: float, log, counts: dict[str, int]):
+    def _request_with_retries(self, messages, deadline: float, log, counts: dict[str, int], cancel=None):
         """(text, usage) or raises the last error; counts['retries'] grows with each retry."""
         attempt = 0
         while True:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError("no time left for the request within --agent-timeout")
             start = time.monotonic()
             try:
-                text, usage = self._request(messages, min(self.request_timeout, remaining))
+                text, usage = self._cancellable(messages, min(self.request_timeout, remaining), cancel)
                 log(f"request ok in {time.monotonic() - start:.1f}s: input {usage.input_tokens} "
                     f"(cached {usage.cached_tokens}), output {usage.output_tokens} tokens")
                 return text, usage
             except openai.APIError as e:
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled() from None
                 log(f"request failed after {time.monotonic() - start:.1f}s: {describe_error(e)}")
                 if not retryable(e) or attempt >= self.max_retries:
                     raise
@@ -216,7 +261,10 @@ class OpenAIResearcher:
                 attempt += 1
                 counts["retries"] += 1
                 log(f"retry {attempt}/{self.max_retries} in {wait:.2f}s")
-                time.sleep(wait)
+                if cancel is not None and cancel.wait(wait):  # the wait ends early on a cancel
+                    raise Cancelled() from None
+                if cancel is None:
+                    time.sleep(wait)
 
     # --- the invocation --------------------------------------------------------------------
 
@@ -235,10 +283,18 @@ class OpenAIResearcher:
         usage, counts = Usage(), {"retries": 0}
         log(f"openai {self.wire_api} {self.base_url} model {self.model}; prompt {len(messages[0]['content'])} chars")
         turn = 0
+        if self.client.is_closed():  # an earlier call was cancelled
+            self.client = self._new_client()
         try:
             while True:
                 try:
-                    text, turn_usage = self._request_with_retries(messages, deadline, log, counts)
+                    text, turn_usage = self._request_with_retries(messages, deadline, log, counts, task.cancel)
+                except Cancelled as e:
+                    log("cancelled" + (" with a request in flight" if e.in_flight else ""))
+                    # A request in flight may be billed but will never say how much: unknown.
+                    spent = Usage.unknown() if e.in_flight else usage
+                    return Proposal("", spent, time.monotonic() - start, counts["retries"],
+                                    error="openai call cancelled", error_kind="cancelled")
                 except (openai.APIError, TimeoutError) as e:
                     kind = "timeout" if isinstance(e, TimeoutError) else error_kind(e)
                     detail = str(e) if isinstance(e, TimeoutError) else describe_error(e)

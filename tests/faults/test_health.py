@@ -88,7 +88,6 @@ def test_a_token_spike_is_warned(repo: Path):
 
 def test_health_checks_run_under_pipelining_and_lanes(repo: Path):
     """The scheduler for pipelined runs and GPU lanes re-trains the best and stops on a failure streak too."""
-    from harness import pipeline
 
     cfg = config(repo, "lanes", health_every=3, iterations=20, gpus=("0", "1"), pipeline=True)
     script = [{"VALUE": 0.9}] + [{"MODE": "crash", "VALUE": round(0.5 + i / 100, 2)} for i in range(19)]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, git
+from conftest import ROOT
 from fakes.helpers import install_stand_ins
 
 from .conftest import (agent_arg, alive, assert_recovered, harness_run, run_processes, slow_repo, start_run,

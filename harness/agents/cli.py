@@ -1,0 +1,143 @@
+"""The shared base of the CLI researchers (codex, claude, gemini, `cmd:`).
+
+A backend says how to build its command line, which environment points it at a server,
+and how to read its output; the base does the rest, the same way for all: the executable
+(`--agent-executable`), the user's pass-through arguments (`--agent-arg`), the timeout,
+cancellation, the log, and merging the process's failure with what the output says.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from .. import pricing
+from .base import Proposal, Task, Usage, key_fingerprint
+from .process import ProcessResult, classify, find_executable, run_agent
+
+
+@dataclass
+class CLIOutput:
+    """What a CLI's output says (pure parsers build it from the text)."""
+    usage: Usage | None  # None: it reported no usage (a killed call is billed all the same)
+    description: str
+    error: str | None
+    found: bool  # its structured output (events, a result object) was there at all
+    retries: int = 0  # retries the CLI made itself (429s, 5xx, lost streams)
+
+
+def url_host(url: str | None) -> str | None:
+    """host[:port] of a base URL, for the manifest (never a path, a query or credentials)."""
+    if not url:
+        return None
+    parts = urlsplit(url if "//" in url else "//" + url)
+    host = parts.hostname or ""
+    return f"{host}:{parts.port}" if parts.port else host or None
+
+
+def cost_source(model: str | None) -> str:
+    """Where this researcher's costs come from (pricing.call_cost): for the manifest and the report."""
+    return "table" if pricing.price(model) is not None else "researcher"
+
+
+def merge_error(result: ProcessResult, out: CLIOutput, name: str, timeout_s: float) -> tuple[str | None, str | None]:
+    """(error, error_kind) of one call from the process's end and the CLI's own words.
+
+    A process that was killed or never started says why; otherwise the CLI's error wins
+    when its structured output was there (it knows better than the exit code), else the
+    exit code and stderr. A call killed at the timeout while the CLI was reporting errors
+    (a 429 storm, a 5xx) gets the kind of those errors, and their text.
+    """
+    failure = result.failure(name, timeout_s)
+    if result.killed:
+        error = failure
+        if out.error and out.found and not result.launch_error:  # the CLI's own words, not "printed nothing"
+            error = f"{failure}; its last error: {out.error}"
+    elif out.error and (out.found or not failure):
+        error = out.error
+    else:
+        error = failure
+    if not error:
+        return None, None
+    if result.cancelled:
+        return error, "cancelled"
+    if result.timed_out:
+        reported = classify(out.error) if out.error and out.found else "agent"
+        return error, reported if reported not in ("agent", "timeout") else "timeout"
+    return error, classify(error)
+
+
+class CLIResearcher:
+    """A researcher that runs a command in the worktree; subclasses fill in the hooks below."""
+
+    name = ""
+    default_executable = ""
+    install_hint = ""
+    key_vars: tuple[str, ...] = ()  # the variables that may hold its key, in the order looked up
+    provider = ""  # where it goes without --base-url
+    silent_is_free = False  # a call that exits normally without reporting usage cost nothing
+
+    def __init__(self, model: str | None = None, executable: str | None = None,
+                 agent_args: tuple[str, ...] | list[str] | None = None, base_url: str | None = None):
+        self.model = model
+        self.executable = find_executable(executable or self.default_executable, self.install_hint)
+        self.agent_args = tuple(agent_args or ())
+        self.base_url = base_url.rstrip("/") if base_url else None
+
+    # --- the hooks -----------------------------------------------------------------------
+
+    def command(self, task: Task) -> list[str]:
+        """The command line before the user's --agent-arg arguments."""
+        raise NotImplementedError
+
+    def command_tail(self, task: Task) -> list[str]:
+        """Arguments that must come after the user's (a `-` for the prompt on stdin)."""
+        return []
+
+    def environment(self) -> dict[str, str]:
+        """Variables to set for the CLI (its base URL); the rest of the environment passes through."""
+        return {}
+
+    def parse(self, stdout: str, stderr: str = "") -> CLIOutput:
+        raise NotImplementedError
+
+    def stdin(self, task: Task) -> str | None:
+        return task.prompt
+
+    def settings(self) -> dict[str, Any]:
+        """Backend-specific entries of the manifest."""
+        return {}
+
+    # --- the same for every CLI ----------------------------------------------------------
+
+    def argv(self, task: Task) -> list[str]:
+        return self.command(task) + list(self.agent_args) + self.command_tail(task)
+
+    def key_var(self) -> str | None:
+        """The name of the variable its key comes from (the first one set), never its value."""
+        return next((var for var in self.key_vars if os.environ.get(var)), None)
+
+    def provider_name(self) -> str:
+        return self.provider
+
+    def describe(self) -> dict[str, Any]:
+        var = self.key_var()
+        return {"backend": self.name, "model": self.model, "executable": self.executable,
+                "provider": self.provider_name(), "base_url": self.base_url,
+                "base_url_host": url_host(self.base_url), "key_var": var,
+                "key_fingerprint": key_fingerprint(os.environ.get(var)) if var else None,
+                "agent_args": list(self.agent_args), "cost_source": cost_source(self.model), **self.settings()}
+
+    def propose(self, task: Task) -> Proposal:
+        extra = self.environment()
+        env = {**os.environ, **extra} if extra else None
+        result = run_agent(self.argv(task), task.worktree, task.timeout_s, task.log_path,
+                           stdin_text=self.stdin(task), env=env, cancel=task.cancel)
+        out = self.parse(result.stdout, result.stderr)
+        error, kind = merge_error(result, out, self.name, task.timeout_s)
+        usage = out.usage
+        if usage is None:
+            usage = Usage() if self.silent_is_free and not result.killed else Usage.unknown()
+        # Tokens spent before a failure are still on the bill: the usage is kept either way.
+        return Proposal(out.description, usage, result.agent_s, out.retries, error=error, error_kind=kind)

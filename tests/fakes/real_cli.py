@@ -1,0 +1,90 @@
+"""Fixtures for the tests of the real researcher CLIs (installed by scripts/install_clis.sh).
+
+Each test gets a loopback-only network namespace with a scripted server of the CLI's wire
+format in it (netns.py, llm_server.py), a throwaway HOME, and runs `harness` as a real
+subprocess inside the same namespace.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from .netns import Netns, Server, unavailable
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = ROOT / ".cache" / "npm" / "node_modules" / ".bin"
+# Codex refuses to write its helper files under /tmp, so the throwaway homes live in the project.
+HOMES = ROOT / ".cache" / "homes"
+WIRES = {"codex": "responses", "claude": "anthropic", "gemini": "gemini"}
+KEYS = {"codex": ("OPENAI_API_KEY", "sk-test-codex-0123456789abcdef"),
+        "claude": ("ANTHROPIC_API_KEY", "sk-ant-test-0123456789abcdef"),
+        "gemini": ("GEMINI_API_KEY", "gm-test-0123456789abcdef")}
+KEY_NAMES = {"OPENAI_API_KEY", "CODEX_API_KEY", "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL",
+             "GEMINI_API_KEY", "GOOGLE_API_KEY", "GOOGLE_GEMINI_BASE_URL", "OPENAI_BASE_URL", "HARNESS_PRICES"}
+
+
+def executable(name: str) -> Path:
+    path = BIN / name
+    if not path.exists():
+        pytest.skip(f"the real `{name}` is not in .cache/npm: scripts/install_clis.sh could not install it "
+                    f"(npm missing or the package unavailable)")
+    return path
+
+
+class Rig:
+    """One real CLI, its scripted server and a home, in one namespace."""
+
+    def __init__(self, name: str, ns: Netns, tmp_path: Path):
+        self.name = name
+        self.executable = executable(name)
+        self.ns = ns
+        self.server: Server = ns.server(WIRES[name], tmp_path / "server")
+        self.home = HOMES / uuid.uuid4().hex[:12]
+        self.home.mkdir(parents=True)
+        self.key_var, self.key = KEYS[name]
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in KEY_NAMES}
+        env.update(HOME=str(self.home), PYTHONPATH=str(ROOT), **{self.key_var: self.key}, **extra)
+        return env
+
+    def harness(self, *args, timeout_s: float = 120, **extra_env: str) -> subprocess.CompletedProcess:
+        """`python -m harness ARGS` in the namespace, with --agent-executable pointing at the real CLI."""
+        argv = [sys.executable, "-m", "harness", *[str(a) for a in args]]
+        return self.ns.run(argv, env=self.env(**extra_env), capture_output=True, text=True, timeout=timeout_s)
+
+    def leftovers(self) -> list[int]:
+        """Processes still alive that run with this rig's HOME (the CLI and anything it started)."""
+        mark = f"HOME={self.home}".encode()
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                if mark in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                    state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                    if state != "Z":
+                        found.append(int(entry))
+            except OSError:
+                continue
+        return found
+
+    def close(self) -> None:
+        self.server.stop()
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def netns():
+    reason = unavailable()
+    if reason:
+        pytest.skip(f"no loopback-only network namespace, so no real CLI may run: {reason}")
+    ns = Netns.start()
+    yield ns
+    ns.stop()

@@ -1,0 +1,106 @@
+"""The real `codex` CLI, offline: a scripted Responses API server in a loopback-only namespace."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import git
+from fakes.helpers import rows
+from fakes.real_cli import Rig, netns  # noqa: F401,F811  (the fixture)
+
+HIGH_DEMAND = "We're currently experiencing high demand, which may cause temporary errors."
+FEW_RETRIES = ["--agent-arg", "-c", "--agent-arg", "model_providers.harness.request_max_retries=1",
+               "--agent-arg", "-c", "--agent-arg", "model_providers.harness.stream_max_retries=1"]
+
+
+@pytest.fixture
+def rig(netns, tmp_path: Path):  # noqa: F811
+    rig = Rig("codex", netns, tmp_path)
+    yield rig
+    rig.close()
+
+
+def run_args(rig: Rig, repo: Path, tag: str, *extra) -> list:
+    return ["run", "--repo", repo, "--tag", tag, "--agent", "codex", "--model", "test-model",
+            "--base-url", rig.server.url("/v1"), "--agent-executable", rig.executable, "--no-pipeline", *extra]
+
+
+def test_codex_edits_are_committed_trained_and_its_tokens_are_the_servers(repo: Path, rig: Rig):
+    rig.server.script({"do": "edit", "input_tokens": 1500, "cached_tokens": 500, "output_tokens": 60},
+                      {"do": "edit", "input_tokens": 2500, "cached_tokens": 0, "output_tokens": 90})
+    done = rig.harness(*run_args(rig, repo, "rc", "--iterations", 2, "--agent-timeout", 60))
+    assert done.returncode == 0, done.stderr[-3000:]
+    ledger = rows(repo, "rc")
+    assert [r["status"] for r in ledger] == ["keep", "keep", "keep"]
+    assert [r["description"] for r in ledger[1:]] == ["lower VALUE to 0.9", "lower VALUE to 0.8"]
+    # Two requests per call (the tool call, then the answer after the tool ran); codex sums them.
+    assert [(r["input_tokens"], r["cached_tokens"], r["output_tokens"]) for r in ledger[1:]] == [
+        (3000, 1000, 120), (5000, 0, 180)]
+    reported = rig.server.reported()
+    assert sum(r["input_tokens"] for r in ledger[1:]) == reported["input_tokens"]
+    assert sum(r["output_tokens"] for r in ledger[1:]) == reported["output_tokens"]
+    assert all(r["retries"] == 0 for r in ledger[1:])
+    assert all(request["key"] for request in rig.server.requests())  # the key went to our server
+    # The edits are commits on the run's branch, made by the harness through codex's own patch tool.
+    assert "VALUE = 0.8" in git(repo, "show", "autoresearch/rc:train.py")
+    assert len(git(repo, "log", "--format=%H", "main..autoresearch/rc").split()) == 2
+    # Where the researcher went is in run.json; the key is nowhere in the run.
+    manifest = json.loads((repo / "runs" / "rc" / "run.json").read_text())["researcher"]
+    assert manifest["provider"] == "harness" and manifest["key_var"] == "OPENAI_API_KEY"
+    assert manifest["base_url_host"] == f"127.0.0.1:{rig.server.port}"
+    for path in (repo / "runs" / "rc").rglob("*"):
+        if path.is_file():
+            assert rig.key not in path.read_text(errors="replace"), path
+    assert rig.leftovers() == []
+    # A resume that points codex elsewhere is refused, naming both.
+    other = run_args(rig, repo, "rc", "--iterations", 3, "--resume")
+    other[other.index("--base-url") + 1] = "http://127.0.0.1:9/v1"
+    refused = rig.harness(*other)
+    assert refused.returncode != 0
+    assert f"127.0.0.1:{rig.server.port}" in refused.stderr and "127.0.0.1:9" in refused.stderr
+
+
+def test_codex_faults_cost_one_row_each_and_leave_nothing_running(repo: Path, rig: Rig):
+    # With one request retry and one stream retry, codex asks twice after a 429 and four times after a 500.
+    rig.server.script({"do": "status", "status": 429, "message": "Rate limit reached", "times": 2},
+                      {"do": "status", "status": 500, "message": HIGH_DEMAND, "times": 4},
+                      {"do": "garbage", "times": 2}, "hang", "edit_then_hang",
+                      {"do": "edit", "input_tokens": 1000, "cached_tokens": 0, "output_tokens": 10})
+    # Five failures in a row would stop the night as unhealthy: here the loop is to go on.
+    done = rig.harness(*run_args(rig, repo, "rf", "--iterations", 6, "--agent-timeout", 8, "--on-unhealthy",
+                                 "continue", *FEW_RETRIES))
+    assert done.returncode == 0, done.stderr[-3000:]
+    ledger = rows(repo, "rf")
+    assert [r["status"] for r in ledger] == ["keep", "crash", "crash", "crash", "crash", "crash", "keep"]
+    storm, demand, garbage, hang, half, good = ledger[1:]
+    assert "stream disconnected" in garbage["description"] and garbage["retries"] >= 1
+    assert "429" in storm["description"] and storm["retries"] >= 1
+    assert "high demand" in demand["description"] and demand["retries"] >= 1
+    assert "did not finish within 8s" in hang["description"] and "did not finish within 8s" in half["description"]
+    for row in (storm, demand, garbage, hang, half):  # codex reported no usage: unknown, not 0
+        assert row["input_tokens"] is None and row["output_tokens"] is None, row
+    assert (good["input_tokens"], good["output_tokens"]) == (2000, 20)
+    assert "VALUE = 0.9" in git(repo, "show", "autoresearch/rf:train.py")  # the half edit was not kept
+    log = (repo / "runs" / "rf" / "logs" / "iter-0001-agent.log").read_text()
+    assert log.count("Reconnecting...") >= 1  # the whole output of the CLI is in the agent log
+    assert rig.leftovers() == []
+    assert rig.harness("report", repo / "runs" / "rf").returncode == 0
+    markdown = (repo / "runs" / "rf" / "report.md").read_text()
+    assert "| calls with unknown usage (killed before reporting) | 5 |" in markdown
+
+
+@pytest.mark.parametrize("fault, says", [
+    ({"do": "status", "status": 500, "message": HIGH_DEMAND, "times": 4}, "the server failed (5xx"),
+    ({"do": "status", "status": 429, "message": "Rate limit reached", "times": 2}, "rate limited (429)"),
+    ("hang", "no answer within the time limit"),
+])
+def test_check_names_the_class_of_each_codex_fault(repo: Path, rig: Rig, fault, says: str):
+    rig.server.script(fault)
+    done = rig.harness("check", "--repo", repo, "--agent", "codex", "--model", "test-model", "--agent-timeout", 6,
+                       "--base-url", rig.server.url("/v1"), "--agent-executable", rig.executable, *FEW_RETRIES)
+    assert done.returncode == 1
+    assert says in done.stderr, done.stderr[-2000:]
+    if fault != "hang":  # codex's own words come with the class: "high demand" is no agent error
+        assert ("high demand" if "500" in str(fault) else "429") in done.stderr
