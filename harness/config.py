@@ -48,6 +48,10 @@ WORKLOAD_DEFAULTS: dict[str, Any] = {
     "policy": True,  # static check of proposed diffs for known cheats (policy.py)
     "health_every": 25,  # iterations between health checkpoints; 0 = none
     "on_unhealthy": "stop",  # stop | continue, when a health checkpoint fails
+    "sandbox": "auto",  # auto | bwrap | off: training jobs and evaluations under bubblewrap (executors/sandbox.py)
+    "network": False,  # let sandboxed jobs reach the network
+    "evaluate_command": None,  # the metric from this command, run after the job from the baseline's files
+    "train_data_command": None,  # writes the training split for the job (HARNESS_OUTPUT_DIR); the data is hidden
 }
 
 TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -106,6 +110,15 @@ def _check_value(key: str, value: Any) -> Any:
         return value
     if key == "sealed":
         want(value is None or isinstance(value, bool), "true or false")
+        return value
+    if key == "sandbox":
+        want(value in ("auto", "bwrap", "off"), "'auto', 'bwrap' or 'off'")
+        return value
+    if key == "network":
+        want(isinstance(value, bool), "true or false")
+        return value
+    if key in ("evaluate_command", "train_data_command"):
+        want(value is None or (isinstance(value, str) and value.strip() != ""), "a command line")
         return value
     if key == "health_every":
         want(isinstance(value, int) and not isinstance(value, bool) and value >= 0, "a non-negative integer")
@@ -179,6 +192,10 @@ class RunConfig:
     on_unhealthy: str = "stop"
     pipeline: bool | None = None  # propose the next candidate while one trains; None = when safe
     gpus: tuple[str, ...] = ()  # one lane per GPU (--gpus 0,1,2,3); () = one lane, inherited GPU
+    sandbox: str = "auto"  # see WORKLOAD_DEFAULTS
+    network: bool = False
+    evaluate_command: str | None = None
+    train_data_command: str | None = None
 
     @property
     def branch(self) -> str:

@@ -22,6 +22,7 @@ from . import __version__, decide, events, health, ledger, ledgerguard, pricing,
 from .agents import Researcher, make_researcher, routing_mismatch
 from .config import RunConfig
 from .errors import RepoError
+from .executors import sandbox
 from .gitgate import GitGate, sha256_file
 from .ledger import Row
 from .step import (INTERRUPTED, Candidate, Context, RunState, conflict_row, evaluate, judge_candidate,
@@ -113,6 +114,7 @@ def write_manifest(cfg: RunConfig, researcher: Researcher, base: str, program: s
         "agent": researcher.name, "model": pricing.resolve_model(cfg.model),
         "researcher": researcher.describe(),
         "program_sha256": hashlib.sha256(program.encode()).hexdigest(),
+        "sandbox": sandbox.resolve(cfg.sandbox).mode,  # issue 13: what runs the jobs (bwrap | off)
     }
     (cfg.run_dir / "run.json").write_text(json.dumps(manifest, indent=2) + "\n")
 
