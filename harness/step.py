@@ -19,6 +19,7 @@ from typing import Any
 from . import decide, faults, guard, ledger, pricing, prompt, rebase, seal
 from .agents import Proposal, Researcher, Task, Usage
 from .config import RunConfig
+from .executors import evaluation
 from .gitgate import Worktree, content_hash, sha256_file
 from .ledger import Row
 from .runner import TrainResult, run_training, tail, training_env
@@ -131,24 +132,10 @@ def evaluate(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
              cancel: threading.Event | None = None) -> TrainResult:
     """Train the code in worktree once under the hard deadline (cancel set = KeyboardInterrupt).
 
-    Protected files are checked (and restored) before the job and checked after it; a sealed
-    workload's figures come only from prepare.py's sealed result (guard.py, seal.py).
+    Sandboxed, timed by the harness, protected files checked before and after; the metric from
+    the workload's separate evaluation when it has one (executors/evaluation.py).
     """
-    result_file = log_path.with_suffix(".result.json")
-    extra = {"HARNESS_TIME_BUDGET": f"{cfg.time_budget:g}", "HARNESS_SEED": str(seed),
-             "HARNESS_RESULT_FILE": str(result_file)}
-    if cfg.max_steps is not None:
-        extra["HARNESS_MAX_STEPS"] = str(cfg.max_steps)
-    if cfg.gpu is not None:  # an A/B arm's (or a lane's) own GPU
-        extra["CUDA_VISIBLE_DEVICES"] = cfg.gpu
-    guard.before_training(cfg.run_dir, worktree, cfg.protected, result_file)
-    with seal.channel(seal.enabled(cfg.sealed, worktree, cfg.protected)) as ch:
-        env = seal.job_env(training_env(dict(os.environ), extra), ch)
-        result = run_training(cfg.train_command, worktree, env, log_path, cfg.metric,
-                              kill_after_s=cfg.kill_after, stall_after_s=cfg.stall_after * 60, pass_fds=ch.fds,
-                              cancel=cancel)
-    result = seal.judge(result, result_file, ch.key, cfg.metric, cfg.time_budget)
-    return guard.after_training(cfg.run_dir, worktree, cfg.protected, result)
+    return evaluation.train(cfg, worktree, log_path, seed, cancel=cancel)  # issue 13: sandbox, separate evaluation
 
 
 def memory_gb(result: TrainResult) -> float | None:
