@@ -204,8 +204,9 @@ training_seconds = 0.0
 while True:
     training_seconds = time.time() - t_start  # no GPU sync: the launch queue keeps this close to GPU time
     progress = step / MAX_STEPS if MAX_STEPS else training_seconds / TIME_BUDGET
-    if progress >= 1 or training_seconds >= TIME_BUDGET:
-        break
+    step_seconds = training_seconds / step if step else 0.0  # the mean step so far
+    if progress >= 1 or training_seconds + step_seconds > TIME_BUDGET:
+        break  # the next step would end past the budget: the harness times the job itself
     for group in optimizer.param_groups:
         group["lr"] = LEARNING_RATE * lr_multiplier(progress)
     x, y = get_batch("train", BATCH_SIZE, SEQ_LEN, DEVICE, batch_generator)
