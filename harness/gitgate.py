@@ -195,6 +195,11 @@ class Worktree:
         out = self.repo.git.rev_list("--reverse", f"{base}..HEAD")
         return out.split()
 
+    def first_parent(self, base: str, ref: str) -> list[str]:
+        """base, then the commits of ref after it along first parents, oldest first."""
+        out = self.repo.git.rev_list("--first-parent", "--reverse", f"{base}..{ref}")
+        return [self.resolve(base), *out.split()]
+
     def show(self, commit: str, path: str) -> str:
         return self.repo.git.show(f"{commit}:{path}")
 

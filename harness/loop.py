@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
-from . import __version__, decide, events, health, ledger, ledgerguard, pricing, recovery, seal
+from . import __version__, decide, events, health, ledger, ledgerguard, pricing, recovery, seal, trust
 from .agents import Researcher, make_researcher, routing_mismatch
 from .config import RunConfig
 from .errors import RepoError
@@ -185,6 +185,9 @@ def reconcile(ctx: Context, base: str, progress: Progress = no_progress, retrain
     best = ledger.best_row(rows)
     if best is None:
         return None
+    if retrain and base:  # issue 13: a keep row is believed only when its commit is on the run branch
+        trust.verify(cfg.run_dir, cfg.branch, rows, ctx.wt.first_parent(base, cfg.branch),
+                     [d.get("commit") for _, d in waiting])
     best_commit = ctx.wt.resolve(best["commit"])
     ctx.wt.reset_hard(best_commit)
     tried_file = cfg.run_dir / "tried.txt"
