@@ -186,8 +186,7 @@ def reconcile(ctx: Context, base: str, progress: Progress = no_progress, retrain
     if best is None:
         return None
     if retrain and base:  # issue 13: a keep row is believed only when its commit is on the run branch
-        trust.verify(cfg.run_dir, cfg.branch, rows, ctx.wt.first_parent(base, cfg.branch),
-                     [d.get("commit") for _, d in waiting])
+        trust.verify(cfg.run_dir, cfg.branch, rows, ctx.wt.first_parent(base, cfg.branch))
     best_commit = ctx.wt.resolve(best["commit"])
     ctx.wt.reset_hard(best_commit)
     tried_file = cfg.run_dir / "tried.txt"

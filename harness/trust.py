@@ -7,13 +7,14 @@ row: a job or a daemon that wrote the ledger, its shadow and its record together
 commit on the branch without a `keep` row (the branch moved behind the harness's back), is a
 mismatch: the run stops until the user decides which one is right.
 
-Allowed at the tip of the branch, and set aside: the candidate an interruption left in flight
-(its journal names it) and a candidate already judged (a non-keep row) that was not yet reset.
+Set aside: commits at the tip of the branch after the last one with a keep row (the candidate
+an interruption left in flight, committed before its journal named it, or one judged and not
+yet reset): reconcile resets the branch to the best, so they are never trusted either.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from . import events
 from .errors import RepoError
@@ -24,17 +25,14 @@ def _same(a: str, b: str) -> bool:
     return bool(a) and bool(b) and (a.startswith(b) or b.startswith(a))
 
 
-def problems(rows: list[dict[str, Any]], history: list[str], pending: Iterable[str] = ()) -> list[str]:
+def problems(rows: list[dict[str, Any]], history: list[str]) -> list[str]:
     """What disagrees between the ledger's keep rows and the branch's kept commits (pure).
 
-    history: the run branch's first-parent commits, the baseline first, the tip last.
-    pending: commits of candidates in flight (their journals)."""
+    history: the run branch's first-parent commits, the baseline first, the tip last."""
     keeps = [str(r.get("commit") or "") for r in rows if r.get("status") == "keep"]
-    judged = {str(r["commit"]) for r in rows if r.get("status") not in ("keep", "repeat") and r.get("commit")}
-    pending = [str(p) for p in pending if p]
     kept = list(history)
-    while kept and any(_same(kept[-1], c) for c in [*pending, *judged]) and not any(_same(kept[-1], k) for k in keeps):
-        kept.pop()  # in flight, or judged and about to be reset: not a kept commit
+    while len(kept) > 1 and not any(_same(kept[-1], k) for k in keeps):
+        kept.pop()  # after the best: in flight or judged, reset to the best by reconcile
     found = [f"the ledger has a keep row for {c[:12] or 'no commit'}, which is not on the run branch"
              for c in keeps if not any(_same(c, h) for h in kept)]
     found += [f"commit {h[:12]} is on the run branch, but the ledger has no keep row for it" for h in kept
@@ -44,10 +42,9 @@ def problems(rows: list[dict[str, Any]], history: list[str], pending: Iterable[s
     return found
 
 
-def verify(run_dir: Path, branch: str, rows: list[dict[str, Any]], history: list[str],
-           pending: Iterable[str] = ()) -> None:
+def verify(run_dir: Path, branch: str, rows: list[dict[str, Any]], history: list[str]) -> None:
     """Raise RepoError (and record an event) when the ledger and the run branch disagree."""
-    found = problems(rows, history, pending)
+    found = problems(rows, history)
     if not found:
         return
     message = "; ".join(found[:5]) + (f" (and {len(found) - 5} more)" if len(found) > 5 else "")

@@ -1,7 +1,9 @@
 """The sandbox really is one: real bwrap, real processes, a real server on 127.0.0.1."""
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import events, ledger
 from harness.executors import sandbox
 
 needs_bwrap = pytest.mark.skipif(not sandbox.probe(sandbox.bwrap_path()).works,
@@ -160,5 +163,68 @@ def test_resolve_off_auto_and_a_machine_without_bwrap(monkeypatch, tmp_path):
         assert sandbox.warn_once(choice) == choice.warning and sandbox.warn_once(choice) is None
         with pytest.raises(Exception, match="apt install bubblewrap"):
             sandbox.resolve("bwrap")
+    finally:
+        sandbox.reset_cache()
+
+
+# ---------------------------------------------------------------------------
+# The harness with and without it (the fake trainer; tests/conftest.py)
+
+
+def harness(args, env=None):
+    from click.testing import CliRunner
+    from harness.cli import main
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, env=env)
+
+
+def bin_without_bwrap(tmp_path) -> str:
+    """A PATH that has git and python but no bwrap: a machine without bubblewrap."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    for tool in ("git", "python3", "ps"):
+        found = shutil.which(tool)
+        if found:
+            (folder / tool).symlink_to(found)
+    return str(folder)
+
+
+@needs_bwrap
+def test_a_run_and_harness_check_under_the_sandbox(tmp_path):
+    from conftest import make_repo
+    repo = make_repo(tmp_path / "r", sandbox="bwrap")
+    result = harness(["run", "--repo", repo, "--tag", "s", "--agent", "mutate", "--iterations", 1,
+                      "--baseline-runs", 1])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((repo / "runs" / "s" / "run.json").read_text())
+    assert manifest["sandbox"] == "bwrap" and manifest["config"]["sandbox"] == "bwrap"
+    rows = ledger.read_rows(repo / "runs" / "s" / "results.tsv")
+    assert rows[0]["status"] == "keep" and len(rows) == 2
+    report = harness(["report", repo / "runs" / "s", "--out", tmp_path / "rep"])
+    assert report.exit_code == 0, report.output
+    assert "| sandbox | bwrap |" in (tmp_path / "rep" / "report.md").read_text()
+    check = harness(["check", "--repo", repo, "--agent", "mutate"])
+    assert check.exit_code == 0, check.output
+    assert "sandbox     bwrap (own PID namespace" in check.output
+
+
+def test_without_bwrap_auto_warns_loudly_and_still_runs(tmp_path, monkeypatch):
+    from conftest import make_repo
+    repo = make_repo(tmp_path / "r", sandbox="auto")
+    monkeypatch.setenv("PATH", bin_without_bwrap(tmp_path))
+    sandbox.reset_cache()
+    try:
+        result = harness(["run", "--repo", repo, "--tag", "w", "--agent", "mutate", "--iterations", 1,
+                          "--baseline-runs", 1])
+        assert result.exit_code == 0, result.output
+        assert result.output.count("NO SANDBOX") == 1 and "apt install bubblewrap" in result.output
+        assert json.loads((repo / "runs" / "w" / "run.json").read_text())["sandbox"] == "off"
+        assert [e["kind"] for e in events.read(repo / "runs" / "w")[0]].count("sandbox_off") == 1
+        off = harness(["run", "--repo", repo, "--tag", "o", "--agent", "mutate", "--iterations", 1,
+                       "--baseline-runs", 1, "--sandbox", "off"])
+        assert off.exit_code == 0 and "NO SANDBOX" not in off.output
+        refused = harness(["run", "--repo", repo, "--tag", "b", "--agent", "mutate", "--iterations", 1,
+                           "--sandbox", "bwrap"])
+        assert refused.exit_code != 0 and "apt install bubblewrap" in refused.output
+        assert not (repo / "runs" / "b" / "results.tsv").exists()
     finally:
         sandbox.reset_cache()

@@ -160,6 +160,9 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
 
 def job_outcome(result: TrainResult, log_path: Path) -> TrainResult:
     """With a separate evaluation the job only has to exit cleanly: its printed figures are a log."""
+    refused = _read(log_path.with_suffix(".result.json")) or {}
+    if "refused" in refused:  # the workload's own code refused to go on (prepare.py's checks)
+        return replace(result, status="invalid", reason=f"prepare.py refused: {str(refused['refused'])[:400]}")
     if result.status == "timeout" or result.returncode not in (0, None):
         return result
     text = log_path.read_text(encoding="utf-8", errors="replace")
