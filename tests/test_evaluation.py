@@ -113,3 +113,24 @@ def test_a_crafted_model_file_is_refused_without_running_it(work, tmp_path):
     shutil.rmtree(out / "model")
     scored = evaluate(work, out, tmp_path / "none.json")
     assert "saved no model" in json.loads((tmp_path / "none.json").read_text())["refused"]
+
+
+def test_the_step_bounded_demo_is_reproducible_through_the_separate_evaluation(tmp_path, monkeypatch):
+    """scripts/demo.sh's path (the mutate researcher, step-bounded), twice from scratch: same ledger."""
+    from click.testing import CliRunner
+
+    from harness import ledger
+    from harness.cli import main
+    from harness.initrepo import init_example
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    ledgers = []
+    for k in range(2):
+        repo = init_example(tmp_path / f"demo{k}")
+        result = CliRunner().invoke(main, ["run", "--repo", str(repo), "--agent", "mutate", "--iterations", "2",
+                                           "--max-steps", "5", "--baseline-runs", "1", "--tag", "demo"],
+                                    catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        rows = ledger.read_rows(repo / "runs" / "demo" / "results.tsv")
+        ledgers.append([(r["status"], r["metric"], r["description"], r["sealed"]) for r in rows])
+    assert ledgers[0] == ledgers[1]
+    assert len(ledgers[0]) == 3 and all(sealed == "yes" for *_, sealed in ledgers[0])

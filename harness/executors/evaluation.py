@@ -122,7 +122,9 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
     space = fresh_space(log_path)
     base = baseline_commit(cfg, worktree)
     extra = {"HARNESS_TIME_BUDGET": f"{cfg.time_budget:g}", "HARNESS_SEED": str(seed),
-             "HARNESS_RESULT_FILE": str(result_file), "HARNESS_OUTPUT_DIR": str(space.out)}
+             "HARNESS_RESULT_FILE": str(result_file)}
+    if cfg.evaluate_command:  # where the job leaves what the evaluation scores
+        extra["HARNESS_OUTPUT_DIR"] = str(space.out)
     if cfg.max_steps is not None:
         extra["HARNESS_MAX_STEPS"] = str(cfg.max_steps)
     if cfg.gpu is not None:  # an A/B arm's (or a lane's) own GPU
@@ -163,9 +165,14 @@ def job_outcome(result: TrainResult, log_path: Path) -> TrainResult:
     refused = _read(log_path.with_suffix(".result.json")) or {}
     if "refused" in refused:  # the workload's own code refused to go on (prepare.py's checks)
         return replace(result, status="invalid", reason=f"prepare.py refused: {str(refused['refused'])[:400]}")
-    if result.status == "timeout" or result.returncode not in (0, None):
-        return result
     text = log_path.read_text(encoding="utf-8", errors="replace")
+    if result.status == "timeout":
+        return result
+    if result.returncode not in (0, None):
+        last = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
+        if last and ":" not in result.reason:  # a SystemExit message is no "...Error" line
+            return replace(result, reason=f"{result.reason}: {last[:300]}")
+        return result
     if re.search(r"^FAIL\b", text, re.M):
         return replace(result, status="crash", reason="the job printed FAIL")
     return replace(result, status="ok", reason="")

@@ -36,7 +36,8 @@ def edit_train(task, description: str, fn) -> Proposal:
 def after_imports(source: str, code: str) -> str:
     anchor = "from prepare import "
     i = source.index(anchor)
-    j = source.index("\n", i) + 1
+    end = source.index(")", i) if "(" in source[i:source.index("\n", i)] else i
+    j = source.index("\n", end) + 1
     return source[:j] + code + source[j:]
 
 
