@@ -98,6 +98,21 @@ def test_a_job_cannot_read_or_change_the_run_folder(space):
 
 
 @needs_bwrap
+def test_a_hidden_file_inside_the_worktree_stays_hidden(space):
+    corpus = space["wt"] / "data" / "corpus.bin"
+    corpus.parent.mkdir()
+    corpus.write_bytes(b"the held-out bytes")
+    (space["wt"] / "job.py").write_text(
+        f"try:\n    print(repr(open({str(corpus)!r}, 'rb').read()))\nexcept OSError as e:\n    print('denied', e.errno)\n")
+    argv = sandbox.wrap([sys.executable, "job.py"], worktree=space["wt"], tmp_dir=space["tmp"],
+                        hidden=[space["run_dir"], corpus])
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "denied 13"  # /dev/null on a nodev mount: unreadable
+    assert corpus.read_bytes() == b"the held-out bytes"
+
+
+@needs_bwrap
 def test_a_job_cannot_reach_a_server_on_loopback(space):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))

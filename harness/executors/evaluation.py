@@ -146,8 +146,8 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
         env = seal.job_env(training_env(dict(os.environ), extra), ch)
         result = run_training(cfg.train_command, worktree, env, log_path, cfg.metric, kill_after_s=cfg.kill_after,
                               stall_after_s=cfg.stall_after * 60, pass_fds=ch.fds, cancel=cancel, wrap=wrap)
-    if choice.on and (space.out / "result.json").exists():  # what the job wrote, where the legacy checks look
-        shutil.copyfile(space.out / "result.json", result_file)
+    if choice.on:  # what the job wrote, where the legacy checks look
+        copy_job_file(space.out / "result.json", result_file)
     if cfg.evaluate_command:
         result = job_outcome(result, log_path)
     else:
@@ -158,6 +158,20 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
         result = evaluate(cfg, worktree, space, base, choice, result, log_path)
     shutil.rmtree(space.root, ignore_errors=True)  # the saved model can be large; the logs stay
     return result
+
+
+MAX_JOB_FILE_BYTES = 1 << 20  # a job's result file is a few hundred bytes
+
+
+def copy_job_file(src: Path, dest: Path) -> None:
+    """Copy a file the job wrote, outside the sandbox: a regular file only (a symlink the job
+    planted would make the harness read whatever it points at), and a small one."""
+    try:
+        if src.is_symlink() or not src.is_file() or src.stat().st_size > MAX_JOB_FILE_BYTES:
+            return
+        shutil.copyfile(src, dest)
+    except OSError:
+        return
 
 
 def job_outcome(result: TrainResult, log_path: Path) -> TrainResult:
@@ -251,7 +265,8 @@ def evaluate(cfg: RunConfig, worktree: Path, space: Space, base: str, choice: sa
     done = run_training(cfg.evaluate_command, space.evaluator, env, eval_log, cfg.metric,
                         kill_after_s=cfg.kill_after, wrap=wrap)
     figures = _read(result_file)
-    logged = {k: v for k, v in job.metrics.items() if k != cfg.metric}  # the job's own figures: a log
+    logged = {k: v for k, v in job.metrics.items()  # the job's own figures: a log, never the metric
+              if k != cfg.metric and isinstance(v, float)}
     if figures is not None and "refused" in figures:
         return replace(job, status="invalid", sealed=True, reason=f"the evaluation refused the model: "
                                                                   f"{str(figures['refused'])[:400]}")

@@ -8,7 +8,7 @@ What a sandboxed process gets (see docs/robustness.md for what it does and does 
   harness dying; `--new-session` keeps it off the harness's terminal);
 - the whole filesystem read-only, except the worktree, a private /tmp and the output folder;
 - the run folder (ledger, shadow, journals, logs), the repo's git objects and the harness's own
-  package hidden under empty tmpfs mounts (a hidden file is covered by /dev/null);
+  package hidden under empty tmpfs mounts (a hidden file is covered by /dev/null, unreadable);
 - no network (`--unshare-net`: only a loopback of its own) unless allowed;
 - the GPUs: /dev/nvidia* and /dev/dri passed through when present.
 
@@ -48,7 +48,8 @@ def wrap(argv: list[str], *, worktree: Path, tmp_dir: Path, output_dir: Path | N
     Order matters: later mounts cover earlier ones. The root is bound read-only, then /tmp is
     replaced by tmp_dir, then the hidden paths are covered, and only then are the worktree,
     the output folder and the read-only paths bound back in, so they stay visible even when
-    they lie inside a hidden folder (the worktree lives inside the run folder).
+    they lie inside a hidden folder (the worktree lives inside the run folder); last, hidden
+    paths inside those (the protected corpus in the worktree) are covered again.
     """
     out = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
            "--bind", str(tmp_dir), "/tmp",
@@ -60,18 +61,29 @@ def wrap(argv: list[str], *, worktree: Path, tmp_dir: Path, output_dir: Path | N
         for pattern in GPU_DEVICE_GLOBS:
             for dev in sorted(glob.glob(pattern)):
                 out += ["--dev-bind", dev, dev]
-    for path in hidden:
-        path = Path(path)
-        if path.is_dir() and not path.is_symlink():
-            out += ["--tmpfs", str(path)]
-        elif path.exists():
-            out += ["--ro-bind", "/dev/null", str(path)]
-    for path in (worktree, *([output_dir] if output_dir else []), *writable):
+    bound = [Path(p) for p in (worktree, *([output_dir] if output_dir else []), *writable)]
+    hidden = [Path(p) for p in hidden]
+    out += _cover(hidden)
+    for path in bound:
         out += ["--bind", str(path), str(path)]
     for path in readonly:
         if Path(path).exists():
             out += ["--ro-bind", str(path), str(path)]
+    # a hidden path inside a folder bound back in (the corpus in the worktree) is covered again
+    out += _cover([h for h in hidden if any(h != b and h.is_relative_to(b) for b in bound)])
     return out + ["--chdir", str(worktree), "--", *argv]
+
+
+def _cover(paths: list[Path]) -> list[str]:
+    """An empty tmpfs over each hidden folder, /dev/null over each hidden file (bound without
+    device access, so opening it fails: EACCES)."""
+    out: list[str] = []
+    for path in paths:
+        if path.is_dir() and not path.is_symlink():
+            out += ["--tmpfs", str(path)]
+        elif path.exists():
+            out += ["--ro-bind", "/dev/null", str(path)]
+    return out
 
 
 # ---------------------------------------------------------------------------

@@ -46,7 +46,7 @@ def run_cheats(repo, tag: str, policy: bool) -> dict[str, dict]:
     assert git(wt, "status", "--porcelain", "--ignored") == ""
     assert git(repo, "status", "--porcelain") == ""  # the user's checkout and prepare.py untouched
     text = cfg.ledger_path.read_text()
-    assert "forged" not in text and "CHEATED" not in text and "f" * 12 not in text
+    assert "FORGED-BY-DAEMON" not in text and "CHEATED" not in text
     return {name: row for name, row in zip(names, rows[1:])}
 
 
