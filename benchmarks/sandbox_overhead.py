@@ -5,7 +5,8 @@ same seed alternately by two configurations in one run:
 
 - protected: bwrap + the training split exported for the job + torch.export of the model +
   `prepare.py --evaluate` in a second sandbox (the defaults of the bundled workload);
-- off: `--sandbox off` and the old in-process evaluation (no evaluate_command).
+- sandbox only: bwrap, but the old in-process evaluation (no evaluate_command);
+- off: `--sandbox off` and the old in-process evaluation.
 
 Prints the mean wall seconds per experiment of each, their ratio, and both val_bpb figures
 (equal: the separate evaluation scores exactly what the in-process one does).
@@ -43,17 +44,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         repo = init_example(Path(tmp) / "example")
         protected = resolve(repo, "protected", {"max_steps": args.steps, "kill_after": 900})
-        off = dataclasses.replace(protected, tag="off", sandbox="off", evaluate_command=None,
-                                  train_data_command=None)
+        sandboxed = dataclasses.replace(protected, tag="sandboxed", evaluate_command=None, train_data_command=None)
+        off = dataclasses.replace(sandboxed, tag="off", sandbox="off")
+        configs = {"protected": protected, "sandbox only": sandboxed, "off": off}
         gate = GitGate(repo)
         base = gate.require_commit("HEAD")
-        for cfg in (protected, off):
+        for cfg in configs.values():
             cfg.logs_dir.mkdir(parents=True)
             gate.detached_worktree(cfg.worktree, base)
-        times: dict[str, list[float]] = {"protected": [], "off": []}
-        values: dict[str, set[float]] = {"protected": set(), "off": set()}
+        times: dict[str, list[float]] = {name: [] for name in configs}
+        values: dict[str, set[float]] = {name: set() for name in configs}
         for k in range(args.repeats):
-            for name, cfg in (("protected", protected), ("off", off)):
+            for name, cfg in configs.items():
                 t0 = time.monotonic()
                 result = evaluate(cfg, cfg.worktree, cfg.logs_dir / f"bench-{k}.log", cfg.seed)
                 times[name].append(time.monotonic() - t0)
@@ -62,10 +64,11 @@ def main() -> None:
                 values[name].add(result.metrics[cfg.metric])
     mean = {name: statistics.mean(ts) for name, ts in times.items()}
     print(f"sandbox: {mode.mode}; {args.steps} steps, {args.repeats} experiments each, alternating")
-    for name in ("protected", "off"):
-        print(f"  {name:9} {mean[name]:6.2f} s per experiment  (val_bpb {sorted(values[name])})")
+    for name in configs:
+        print(f"  {name:12} {mean[name]:6.2f} s per experiment  (val_bpb {sorted(values[name])})")
     print(f"protected / off: {mean['protected'] / mean['off']:.2f}x "
-          f"(+{mean['protected'] - mean['off']:.2f} s per experiment)")
+          f"(+{mean['protected'] - mean['off']:.2f} s per experiment; the sandbox alone "
+          f"+{mean['sandbox only'] - mean['off']:.2f} s)")
 
 
 if __name__ == "__main__":
