@@ -214,6 +214,7 @@ def test_a_run_and_harness_check_under_the_sandbox(tmp_path):
     assert manifest["sandbox"] == "bwrap" and manifest["config"]["sandbox"] == "bwrap"
     rows = ledger.read_rows(repo / "runs" / "s" / "results.tsv")
     assert rows[0]["status"] == "keep" and len(rows) == 2
+    assert rows[0]["sealed"] == "no"  # a foreign workload (no evaluate_command): the printed block, unsealed
     report = harness(["report", repo / "runs" / "s", "--out", tmp_path / "rep"])
     assert report.exit_code == 0, report.output
     assert "| sandbox | bwrap |" in (tmp_path / "rep" / "report.md").read_text()
