@@ -442,7 +442,8 @@ def load_model(folder: Path, device):
              for prefix in ("state_dict/", "constants/")}
     params = {spec["parameter"]["parameter_name"] for spec in program["graph_module"]["signature"]["input_specs"]
               if "parameter" in spec}
-    state = {k: torch.nn.Parameter(v, requires_grad=False) if k in params else v for k, v in split["state_dict/"].items()}
+    state = {k: torch.nn.Parameter(v, requires_grad=False) if k in params else v
+             for k, v in split["state_dict/"].items()}
     artifact = SerializedArtifact(json.dumps(program).encode(), state, split["constants/"], {})
     return deserialize(artifact).module(), int(meta["batch_size"]), int(meta["seq_len"])
 

@@ -99,7 +99,8 @@ def test_a_crafted_model_file_is_refused_without_running_it(work, tmp_path):
         "guards": lambda p: p.update(guards_code=[f"__import__('os').system('touch {marker}')"]),
         # a symbolic size is parsed by sympy, whose parser evaluates strings
         "symbolic": lambda p: p["graph_module"]["graph"]["nodes"][0]["inputs"].append(
-            {"name": "x", "arg": {"as_sym_int": {"as_expr": {"expr_str": f"__import__('os').system('touch {marker}')"}}}}),
+            {"name": "x", "arg": {"as_sym_int": {"as_expr": {
+                "expr_str": f"__import__('os').system('touch {marker}')"}}}}),
     }
     for name, attack in attacks.items():
         program = json.loads(pristine)

@@ -103,7 +103,8 @@ def test_a_hidden_file_inside_the_worktree_stays_hidden(space):
     corpus.parent.mkdir()
     corpus.write_bytes(b"the held-out bytes")
     (space["wt"] / "job.py").write_text(
-        f"try:\n    print(repr(open({str(corpus)!r}, 'rb').read()))\nexcept OSError as e:\n    print('denied', e.errno)\n")
+        f"try:\n    print(repr(open({str(corpus)!r}, 'rb').read()))\n"
+        "except OSError as e:\n    print('denied', e.errno)\n")
     argv = sandbox.wrap([sys.executable, "job.py"], worktree=space["wt"], tmp_dir=space["tmp"],
                         hidden=[space["run_dir"], corpus])
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
