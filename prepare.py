@@ -362,11 +362,13 @@ def _print_block(metrics: dict) -> dict:
 # The model travels as torch.export's graph of ATen operators (JSON) plus its tensors
 # (safetensors): the evaluator builds it from those without running any of train.py's Python.
 # torch.export.load is not used: it unpickles parts of the archive, and unpickling runs code.
-# What the evaluator reads is checked first (check_program): only ATen operators, fixed shapes,
-# no guard code, no symbolic expressions, no custom objects; node metadata is dropped unread.
+# What the evaluator reads is checked first (check_program): only ATen operators (none that
+# touches files), fixed shapes, no guard code, no symbolic expressions, no custom objects; node
+# metadata is dropped unread.
 
 MODEL_DIR = "model"  # under HARNESS_OUTPUT_DIR
 OPERATOR_OK = ("torch.ops.aten.", "_operator.getitem")
+DENIED_OPERATORS = ("torch.ops.aten.from_file.", "torch.ops.aten.save.")  # ATen ops that read or write files
 FORBIDDEN_ARGS = ("as_sym_int", "as_sym_ints", "as_sym_float", "as_sym_floats", "as_sym_bool", "as_sym_bools",
                   "as_graph", "as_custom_obj", "as_operator", "as_complex")
 
@@ -407,6 +409,9 @@ def check_program(program: dict) -> list:
                  and t != OPERATOR_OK[1])
     if bad:
         problems.append(f"operators other than torch's ATen ops: {', '.join(bad[:5])}")
+    io = sorted(str(t) for t in targets if isinstance(t, str) and t.startswith(DENIED_OPERATORS))
+    if io:  # from_file could read the validation bytes off the disk during scoring
+        problems.append(f"operators that read or write files: {', '.join(io)}")
     if program.get("range_constraints") or program.get("guards_code"):
         problems.append("dynamic shapes (guards or range constraints); export with fixed shapes")
     if any(graph.get(k) for k in ("sym_int_values", "sym_bool_values", "sym_float_values", "custom_obj_values")):

@@ -95,6 +95,9 @@ def test_a_crafted_model_file_is_refused_without_running_it(work, tmp_path):
     attacks = {
         # a node whose target resolves, through torch's module attributes, to os.system
         "operator": lambda p: p["graph_module"]["graph"]["nodes"][0].update(target="torch.serialization.os.system"),
+        # an ATen op that reads a file: the validation bytes, straight off the disk
+        "from_file": lambda p: p["graph_module"]["graph"]["nodes"][0].update(
+            target="torch.ops.aten.from_file.default"),
         # guard code is Python source that torch would run on load
         "guards": lambda p: p.update(guards_code=[f"__import__('os').system('touch {marker}')"]),
         # a symbolic size is parsed by sympy, whose parser evaluates strings
