@@ -5,6 +5,13 @@ The researcher may never change this file; train.py imports it.
     python prepare.py                            # check the bundled corpus and print its split
     python prepare.py --data PATH [--name NAME]  # a .txt file, a folder of .txt, or parquet (`text` column)
     python prepare.py --download NAME            # fetch a public parquet corpus (see DOWNLOADS)
+    python prepare.py --export-train DIR         # the harness: the training split alone, for the job
+    python prepare.py --evaluate                 # the harness: score the model in $HARNESS_OUTPUT_DIR
+
+Under the harness, train.py never sees the validation bytes: it trains on the split in
+$HARNESS_DATA_DIR, saves its model with save_model(), and the harness scores that model with
+`prepare.py --evaluate` in a separate sandboxed process, from prepare.py as committed at the
+baseline (docs/robustness.md). Run alone, train.py is scored in-process as well.
 
 Then select a prepared dataset with HARNESS_DATASET=NAME (default: the bundled shakespeare).
 
@@ -14,7 +21,6 @@ and any model, tokenizer trick or not, is judged on the same bytes.
 
 import argparse
 import hashlib
-import hmac
 import json
 import lzma
 import math
@@ -28,25 +34,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-# The seal key must be gone from the environment before train.py's own code runs:
-# train.py imports this module first, so popping it here hides it from os.environ.
-# The harness passes it through a pipe (HARNESS_SEAL_FD), which can be read only once and
-# never shows in /proc/self/environ; HARNESS_SEAL_KEY is the plain variant for other callers.
-
-
-def _take_seal_key():
-    key, fd = os.environ.pop("HARNESS_SEAL_KEY", None), os.environ.pop("HARNESS_SEAL_FD", None)
-    if fd is None:
-        return key, False
-    try:
-        with os.fdopen(int(fd), "rb") as pipe:
-            data = pipe.read(4096).decode().strip()
-    except (OSError, ValueError):
-        data = ""
-    return data or None, not data  # an empty pipe: someone read the key before this module
-
-
-_SEAL_KEY, _SEAL_STOLEN = _take_seal_key()
 _clock = time.monotonic  # bound now: rebinding time.monotonic later does not move this clock
 # What this module measured itself; report() signs these, not what its caller claims.
 _STATE = {"imported": _clock(), "train_start": None, "eval_start": None, "val_bpb": None,
@@ -59,6 +46,8 @@ TIME_BUDGET = float(os.environ.get("HARNESS_TIME_BUDGET", "300"))  # seconds of 
 MAX_STEPS = int(os.environ["HARNESS_MAX_STEPS"]) if os.environ.get("HARNESS_MAX_STEPS") else None  # optimizer steps
 SEED = int(os.environ.get("HARNESS_SEED", "42"))  # for init and batch order
 DATASET = os.environ.get("HARNESS_DATASET", "shakespeare")  # "shakespeare" = the bundled corpus
+TRAIN_DATA_DIR = os.environ.get("HARNESS_DATA_DIR")  # set by the harness: the training split alone
+OUTPUT_DIR = os.environ.get("HARNESS_OUTPUT_DIR")  # set by the harness: where save_model() writes
 VOCAB_SIZE = 256  # bytes
 VAL_BYTES = 524_288  # tail of the corpus held out for validation (at most a tenth of it)
 EVAL_BYTES = {"cpu": 32_768, "cuda": 524_288}  # bytes scored by evaluate_bpb, fixed per device type
@@ -136,6 +125,28 @@ def _load_prepared(name: str) -> tuple[bytes, bytes]:
     return splits[0], splits[1]
 
 
+def _load_exported(folder: Path) -> bytes:
+    """The training split that `prepare.py --export-train` wrote for a training job."""
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+        data = (folder / "train.bin").read_bytes()
+    except (OSError, ValueError) as e:
+        _fail(f"the training split in {folder} cannot be read ({e}); the harness exports it before the job")
+    if hashlib.sha256(data).hexdigest() != meta.get("train_sha256"):
+        _fail(f"{folder / 'train.bin'} does not match its meta.json")
+    return data
+
+
+def export_train(dest: Path) -> dict:
+    """Write the selected dataset's training split alone (the harness gives it to the job)."""
+    train, _ = _load_bundled() if DATASET == "shakespeare" else _load_prepared(DATASET)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "train.bin").write_bytes(train)
+    meta = {"dataset": DATASET, "train_bytes": len(train), "train_sha256": hashlib.sha256(train).hexdigest()}
+    (dest / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
 _SPLITS: dict = {}  # (split, device) -> uint8 tensor, loaded once per process
 
 
@@ -144,10 +155,17 @@ def load_split(split: str, device="cpu") -> torch.Tensor:
     if split == "val" and not _STATE["in_eval"]:
         _STATE["val_outside_eval"] = True  # only evaluate_bpb may read the validation bytes
     if not _SPLITS:  # first use: load and verify the corpus once
-        train, val = _load_bundled() if DATASET == "shakespeare" else _load_prepared(DATASET)
+        if TRAIN_DATA_DIR is not None:
+            train, val = _load_exported(Path(TRAIN_DATA_DIR)), None
+        else:
+            train, val = _load_bundled() if DATASET == "shakespeare" else _load_prepared(DATASET)
         _SPLITS[("train", "cpu")] = torch.frombuffer(bytearray(train), dtype=torch.uint8)
-        _SPLITS[("val", "cpu")] = torch.frombuffer(bytearray(val), dtype=torch.uint8)
-        _SPLITS["val_sha256"] = hashlib.sha256(val).hexdigest()
+        if val is not None:
+            _SPLITS[("val", "cpu")] = torch.frombuffer(bytearray(val), dtype=torch.uint8)
+            _SPLITS["val_sha256"] = hashlib.sha256(val).hexdigest()
+    if split == "val" and ("val", "cpu") not in _SPLITS:
+        _fail("the validation bytes are not available to the training job (HARNESS_DATA_DIR holds the "
+              "training split alone): the harness scores the model that save_model() writes")
     key = (split, str(device))
     if key not in _SPLITS:
         _SPLITS[key] = _SPLITS[(split, "cpu")].to(device)
@@ -172,7 +190,7 @@ def get_batch(split: str, batch_size: int, seq_len: int, device, generator: torc
 def evaluate_bpb(model, seq_len: int, batch_size: int) -> float:
     """Bits per byte of `model` on the first EVAL_BYTES[device] validation bytes, scored in order
     by consecutive windows of seq_len bytes. model(idx) must return logits (B, T, 256).
-    The result is kept here too: report() signs this value, not the one it is handed."""
+    The result is kept here too: report() checks that it reports this value."""
     if _STATE["eval_start"] is None:
         _STATE["eval_start"] = _clock()  # the training clock stops here
     device = next(model.parameters()).device
@@ -184,46 +202,70 @@ def evaluate_bpb(model, seq_len: int, batch_size: int) -> float:
     problems = _integrity_problems(val)
     if problems:
         _refuse(problems)
-    n = min(EVAL_BYTES[device.type], len(val) - 1)  # the same bytes are scored whatever seq_len is
     was_training = model.training
     model.eval()
-    total_nats = 0.0
-    starts = list(range(0, n, seq_len))
-    full = [s for s in starts if s + seq_len <= n]
-    groups = [full[i:i + batch_size] for i in range(0, len(full), batch_size)]
-    groups += [[s] for s in starts if s + seq_len > n]  # the short window at the end, if any
-    for group in groups:
-        length = min(seq_len, n - group[0])
-        idx = torch.tensor(group, device=device)[:, None] + torch.arange(length + 1, device=device)
-        window = val[idx].long()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            logits = model(window[:, :-1])
-        loss = F.cross_entropy(logits.float().reshape(-1, VOCAB_SIZE), window[:, 1:].reshape(-1), reduction="sum")
-        total_nats += loss.item()
-    if not _is_causal(model, val, min(seq_len, n)):
-        _refuse(["the model's prediction for a byte depends on later bytes (it is not causal), so it "
-                 "sees the answers; keep attention causal (is_causal=True)"])
+    bpb, causal = score(model, val, seq_len, batch_size, device)
+    if not causal:
+        _refuse([NOT_CAUSAL])
     model.train(was_training)
-    bpb = total_nats / n / math.log(2)
     _STATE["val_bpb"] = bpb
     return bpb
 
 
+NOT_CAUSAL = ("the model's prediction for a byte depends on later bytes (it is not causal), so it sees the "
+              "answers; keep attention causal (is_causal=True)")
+
+
 @torch.no_grad()
-def _is_causal(model, val, seq_len: int) -> bool:
+def score(forward, val, seq_len: int, batch_size: int, device) -> tuple[float, bool]:
+    """(bits per byte, causal) of forward on the first EVAL_BYTES[device] bytes of val.
+
+    Every call has the shape (batch_size, seq_len), so an exported model of fixed shape is scored
+    exactly like the module it came from: a short last group is padded with copies of its first
+    window and a short last window with the bytes after it, and the padding is not scored. This
+    one function serves evaluate_bpb (in-process) and the harness's separate evaluation."""
+    device = torch.device(device)
+    n = min(EVAL_BYTES[device.type], len(val) - 1)  # the same bytes are scored whatever seq_len is
+    starts = list(range(0, n, seq_len))
+    total_nats = 0.0
+    positions = torch.arange(seq_len + 1, device=device)
+    for i in range(0, len(starts), batch_size):
+        group = starts[i:i + batch_size]
+        rows = group + [group[0]] * (batch_size - len(group))
+        idx = (torch.tensor(rows, device=device)[:, None] + positions).clamp(max=len(val) - 1)
+        window = val[idx].long()
+        lengths = torch.tensor([min(seq_len, n - s) for s in group] + [0] * (batch_size - len(group)),
+                               device=device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            logits = forward(window[:, :-1])
+        nll = F.cross_entropy(logits.float().reshape(-1, VOCAB_SIZE), window[:, 1:].reshape(-1),
+                              reduction="none").view(batch_size, seq_len)
+        total_nats += nll[positions[None, :seq_len] < lengths[:, None]].sum().item()
+    bpb = total_nats / n / math.log(2)
+    return bpb, _is_causal(forward, val, seq_len, batch_size)
+
+
+@torch.no_grad()
+def _is_causal(forward, val, seq_len: int, batch_size: int) -> bool:
     """Changing the second half of a window must not change the predictions in its first half.
-    A causal model gives identical numbers (same shapes, same kernels); a model that looks
-    ahead differs by far more than the tolerance after even a few steps (~1e-3 after 3 CPU steps)."""
+    Both windows go through one call of the scoring shape, so the kernels are the same and a
+    causal model gives identical numbers; one that looks ahead differs by far more than the
+    tolerance after even a few steps (~1e-3 after 3 CPU steps)."""
     if seq_len < 2:
         return True
     half = seq_len // 2
-    x = val[:seq_len].long()[None]
+    x = val[:seq_len].long()
     y = x.clone()
-    y[0, half:] = (y[0, half:] + 1) % VOCAB_SIZE
-    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=x.device.type == "cuda"):
-        a, b = model(x).float(), model(y).float()
-    tolerance = 1e-5 if x.device.type == "cpu" else 1e-2 * (1.0 + a.abs().max().item())  # bf16 on GPUs
-    return (a[:, :half] - b[:, :half]).abs().max().item() <= tolerance
+    y[half:] = (y[half:] + 1) % VOCAB_SIZE
+    device_type = x.device.type
+    with torch.autocast(device_type, dtype=torch.bfloat16, enabled=device_type == "cuda"):
+        if batch_size >= 2:
+            out = forward(torch.stack([x, y] + [x] * (batch_size - 2))).float()
+            a, b = out[0], out[1]
+        else:
+            a, b = forward(x[None]).float()[0], forward(y[None]).float()[0]
+    tolerance = 1e-5 if device_type == "cpu" else 1e-2 * (1.0 + a.abs().max().item())  # bf16 on GPUs
+    return (a[:half] - b[:half]).abs().max().item() <= tolerance
 
 
 # -----------------------------------------------------------------------------
@@ -271,30 +313,36 @@ def _refuse(problems: list) -> None:
 
 def report(**metrics) -> None:
     """Print the result block (a `---` line, then `key: value`) and write the same figures as JSON
-    to $HARNESS_RESULT_FILE, sealed with an HMAC when the harness gave a seal key.
+    to $HARNESS_RESULT_FILE. Under the harness this is a log: the metric comes from its separate
+    evaluation of the saved model.
 
     val_bpb is the value evaluate_bpb measured (a different one is refused), and training_seconds
     is at least this module's own clock: from the first touch of the training data to the
     evaluation."""
     problems = _integrity_problems()
-    if _SEAL_STOLEN:
-        problems.append("the seal key's pipe was read before prepare.py could read it; train.py must "
-                        "not touch HARNESS_SEAL_FD")
     measured = _STATE["val_bpb"]
-    if measured is None:
+    if measured is None and TRAIN_DATA_DIR is None:
         problems.append("report() was called but evaluate_bpb never measured val_bpb; call "
                         "evaluate_bpb(model, ...) and report its result")
-    elif "val_bpb" in metrics and not (isinstance(metrics["val_bpb"], (int, float))
-                                       and abs(metrics["val_bpb"] - measured) <= 1e-9 * max(1.0, abs(measured))):
+    elif measured is not None and "val_bpb" in metrics and not (
+            isinstance(metrics["val_bpb"], (int, float))
+            and abs(metrics["val_bpb"] - measured) <= 1e-9 * max(1.0, abs(measured))):
         problems.append(f"report(val_bpb={metrics['val_bpb']!r}) differs from what evaluate_bpb measured "
                         f"({measured:.6f}); report the measured value")
     if problems:
         _refuse(problems)
-    metrics["val_bpb"] = measured
+    if measured is not None:
+        metrics["val_bpb"] = measured
+    else:
+        metrics.pop("val_bpb", None)  # scored by the harness, not here
     start = _STATE["train_start"] if _STATE["train_start"] is not None else _STATE["imported"]
-    measured_s = _STATE["eval_start"] - start
+    measured_s = (_STATE["eval_start"] or _clock()) - start
     claimed_s = metrics.get("training_seconds")
     metrics["training_seconds"] = max(measured_s, claimed_s if isinstance(claimed_s, (int, float)) else 0.0)
+    _print_block(metrics)
+
+
+def _print_block(metrics: dict) -> dict:
     figures = {k: float(f"{v:.6f}") if isinstance(v, float) else v for k, v in metrics.items()}
     print("---")
     for key, value in figures.items():
@@ -302,13 +350,132 @@ def report(**metrics) -> None:
     sys.stdout.flush()
     path = os.environ.get("HARNESS_RESULT_FILE")
     if path:
-        sealed = dict(figures)
-        if _SEAL_KEY:
-            canonical = json.dumps(figures, sort_keys=True, separators=(",", ":"))
-            sealed["seal"] = hmac.new(_SEAL_KEY.encode(), canonical.encode(), hashlib.sha256).hexdigest()
         tmp = Path(f"{path}.tmp")
-        tmp.write_text(json.dumps(sealed, indent=2) + "\n")
+        tmp.write_text(json.dumps(figures, indent=2) + "\n")
         tmp.replace(path)
+    return figures
+
+
+# -----------------------------------------------------------------------------
+# The saved model and the separate evaluation
+#
+# The model travels as torch.export's graph of ATen operators (JSON) plus its tensors
+# (safetensors): the evaluator builds it from those without running any of train.py's Python.
+# torch.export.load is not used: it unpickles parts of the archive, and unpickling runs code.
+# What the evaluator reads is checked first (check_program): only ATen operators (none that
+# touches files), fixed shapes, no guard code, no symbolic expressions, no custom objects; node
+# metadata is dropped unread.
+
+MODEL_DIR = "model"  # under HARNESS_OUTPUT_DIR
+OPERATOR_OK = ("torch.ops.aten.", "_operator.getitem")
+DENIED_OPERATORS = ("torch.ops.aten.from_file.", "torch.ops.aten.save.")  # ATen ops that read or write files
+FORBIDDEN_ARGS = ("as_sym_int", "as_sym_ints", "as_sym_float", "as_sym_floats", "as_sym_bool", "as_sym_bools",
+                  "as_graph", "as_custom_obj", "as_operator", "as_complex")
+
+
+def save_model(model, seq_len: int, batch_size: int) -> Path | None:
+    """Under the harness ($HARNESS_OUTPUT_DIR): export the model for input (batch_size, seq_len)
+    and save it for the separate evaluation. Returns the folder, or None when run alone."""
+    if OUTPUT_DIR is None:
+        return None
+    from safetensors.torch import save_file
+    from torch._export.serde.serialize import serialize
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        program = torch.export.export(model, (torch.zeros(batch_size, seq_len, dtype=torch.long, device=device),))
+    model.train(was_training)
+    tensors = {f"state_dict/{k}": v.detach().clone().contiguous() for k, v in program.state_dict.items()}
+    for k, v in program.constants.items():
+        if not isinstance(v, torch.Tensor):
+            _fail(f"the model holds a constant {k!r} that is not a tensor; it cannot be saved for evaluation")
+        tensors[f"constants/{k}"] = v.detach().clone().contiguous()
+    folder = Path(OUTPUT_DIR) / MODEL_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "program.json").write_bytes(serialize(program).exported_program)
+    save_file(tensors, folder / "weights.safetensors")
+    meta = {"seq_len": seq_len, "batch_size": batch_size, "device": device.type, "vocab_size": VOCAB_SIZE}
+    (folder / "meta.json").write_text(json.dumps(meta) + "\n")
+    return folder
+
+
+def check_program(program: dict) -> list:
+    """Why this serialized program may not be loaded (empty: only ATen on fixed shapes)."""
+    problems = []
+    graph = program.get("graph_module", {}).get("graph", {})
+    targets = {node.get("target") for node in graph.get("nodes", [])}
+    bad = sorted(str(t) for t in targets if not (isinstance(t, str) and t.startswith(OPERATOR_OK[0]))
+                 and t != OPERATOR_OK[1])
+    if bad:
+        problems.append(f"operators other than torch's ATen ops: {', '.join(bad[:5])}")
+    io = sorted(str(t) for t in targets if isinstance(t, str) and t.startswith(DENIED_OPERATORS))
+    if io:  # from_file could read the validation bytes off the disk during scoring
+        problems.append(f"operators that read or write files: {', '.join(io)}")
+    if program.get("range_constraints") or program.get("guards_code"):
+        problems.append("dynamic shapes (guards or range constraints); export with fixed shapes")
+    if any(graph.get(k) for k in ("sym_int_values", "sym_bool_values", "sym_float_values", "custom_obj_values")):
+        problems.append("symbolic values or custom objects in the graph")
+    stack = [graph.get("nodes", [])]
+    while stack:  # every argument of every node, however nested
+        item = stack.pop()
+        if isinstance(item, dict):
+            found = [k for k in item if k in FORBIDDEN_ARGS]
+            if found:
+                problems.append(f"an argument of kind {found[0]}")
+                break
+            stack.extend(v for k, v in item.items() if k != "metadata")
+        elif isinstance(item, list):
+            stack.extend(item)
+    return problems
+
+
+def load_model(folder: Path, device):
+    """The saved model as a module of ATen calls, and its (batch_size, seq_len); nothing it holds runs as Python."""
+    from safetensors.torch import load_file
+    from torch._export.serde.serialize import SerializedArtifact, deserialize
+    meta = json.loads((folder / "meta.json").read_text())
+    program = json.loads((folder / "program.json").read_text())
+    problems = check_program(program)
+    if problems:
+        _refuse(["the saved model cannot be evaluated safely: " + "; ".join(problems)])
+    for node in program["graph_module"]["graph"]["nodes"]:
+        node["metadata"] = {}
+    program["graph_module"]["metadata"] = {}
+    tensors = load_file(str(folder / "weights.safetensors"), device=str(device))
+    split = {prefix: {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+             for prefix in ("state_dict/", "constants/")}
+    params = {spec["parameter"]["parameter_name"] for spec in program["graph_module"]["signature"]["input_specs"]
+              if "parameter" in spec}
+    state = {k: torch.nn.Parameter(v, requires_grad=False) if k in params else v
+             for k, v in split["state_dict/"].items()}
+    artifact = SerializedArtifact(json.dumps(program).encode(), state, split["constants/"], {})
+    return deserialize(artifact).module(), int(meta["batch_size"]), int(meta["seq_len"])
+
+
+def evaluate_saved(output_dir: Path) -> dict:
+    """The harness's separate evaluation: score the model a training job saved, on the validation bytes."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    folder = output_dir / MODEL_DIR
+    if not (folder / "program.json").exists():
+        _refuse([f"the job saved no model in {MODEL_DIR}/ of HARNESS_OUTPUT_DIR: train.py must call "
+                 f"save_model(model, SEQ_LEN, BATCH_SIZE) after training"])
+    try:
+        module, batch_size, seq_len = load_model(folder, device)
+    except Exception as e:  # noqa: BLE001 - whatever the job saved, a file that does not load is refused
+        _refuse([f"the saved model cannot be loaded: {type(e).__name__}: {str(e)[:300]}"])
+    _STATE["in_eval"] = True
+    val = load_split("val", device)
+    _STATE["in_eval"] = False
+    try:
+        bpb, causal = score(module, val, seq_len, batch_size, device)
+    except Exception as e:  # noqa: BLE001
+        _refuse([f"the saved model failed on input of shape ({batch_size}, {seq_len}): {str(e)[:300]}"])
+    if not causal:
+        _refuse([NOT_CAUSAL])
+    if not math.isfinite(bpb):
+        _refuse([f"val_bpb is not finite ({bpb})"])
+    return _print_block({"val_bpb": bpb, "eval_seq_len": seq_len, "eval_batch_size": batch_size})
 
 
 # -----------------------------------------------------------------------------
@@ -416,7 +583,22 @@ def main() -> None:
     parser.add_argument("--url", action="append", default=[], help="download these URLs instead (repeatable)")
     parser.add_argument("--sha256", action="append", default=[], help="checksum of each --url, in order")
     parser.add_argument("--base-url", help="fetch the registry's files from this base URL (a mirror)")
+    parser.add_argument("--export-train", nargs="?", const="", metavar="DIR",
+                        help="write the training split alone to DIR (default $HARNESS_OUTPUT_DIR)")
+    parser.add_argument("--evaluate", action="store_true", help="score the model in $HARNESS_OUTPUT_DIR")
     args = parser.parse_args()
+    if args.evaluate:
+        if OUTPUT_DIR is None:
+            _fail("--evaluate scores the model in $HARNESS_OUTPUT_DIR; set it to the training job's output folder")
+        evaluate_saved(Path(OUTPUT_DIR))
+        return
+    if args.export_train is not None:
+        dest = args.export_train or OUTPUT_DIR
+        if not dest:
+            _fail("--export-train needs a DIR (or $HARNESS_OUTPUT_DIR)")
+        meta = export_train(Path(dest))
+        print(f"exported {meta['train_bytes']:,} training bytes of {meta['dataset']!r} to {dest}")
+        return
     if args.data:
         meta = prepare_dataset([args.data], args.name or args.data.stem)
     elif args.download:
@@ -441,8 +623,8 @@ def main() -> None:
 # Everything the evaluation depends on, as it was at import (see _integrity_problems).
 _PRISTINE = {name: (dict(value) if isinstance(value, dict) else value) for name, value in globals().items()
              if (name.isupper() and not name.startswith("_"))
-             or name in ("_SEAL_KEY", "_clock", "load_split", "get_batch", "evaluate_bpb", "report",
-                         "_load_bundled", "_load_prepared", "_integrity_problems", "_is_causal", "_refuse",
+             or name in ("_clock", "load_split", "get_batch", "evaluate_bpb", "report",
+                         "_load_bundled", "_load_prepared", "_integrity_problems", "_is_causal", "_refuse", "score",
                          "_same")}
 _CROSS_ENTROPY, _LOG = F.cross_entropy, math.log
 

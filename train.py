@@ -15,7 +15,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from prepare import MAX_STEPS, SEED, TIME_BUDGET, VOCAB_SIZE, evaluate_bpb, get_batch, load_split, report
+from prepare import (MAX_STEPS, SEED, TIME_BUDGET, TRAIN_DATA_DIR, VOCAB_SIZE, evaluate_bpb, get_batch, load_split,
+                     report, save_model)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -203,8 +204,9 @@ training_seconds = 0.0
 while True:
     training_seconds = time.time() - t_start  # no GPU sync: the launch queue keeps this close to GPU time
     progress = step / MAX_STEPS if MAX_STEPS else training_seconds / TIME_BUDGET
-    if progress >= 1 or training_seconds >= TIME_BUDGET:
-        break
+    step_seconds = training_seconds / step if step else 0.0  # the mean step so far
+    if progress >= 1 or training_seconds + step_seconds > TIME_BUDGET:
+        break  # the next step would end past the budget: the harness times the job itself
     for group in optimizer.param_groups:
         group["lr"] = LEARNING_RATE * lr_multiplier(progress)
     x, y = get_batch("train", BATCH_SIZE, SEQ_LEN, DEVICE, batch_generator)
@@ -224,10 +226,14 @@ training_seconds = time.time() - t_start
 check(loss.item(), step)
 
 # -----------------------------------------------------------------------------
-# Evaluation and report
+# Evaluation and report. Under the harness the validation bytes are out of this job's reach: the
+# model is saved (save_model) and the harness scores it in a separate process. Run alone, the
+# model is scored here too; both score the same bytes the same way (prepare.score).
 
-val_bpb = evaluate_bpb(raw_model, SEQ_LEN, BATCH_SIZE)  # the uncompiled model: no recompile for eval shapes
-check(val_bpb, step)
+save_model(raw_model, SEQ_LEN, BATCH_SIZE)  # the uncompiled model; a no-op unless HARNESS_OUTPUT_DIR is set
+val_bpb = None if TRAIN_DATA_DIR else evaluate_bpb(raw_model, SEQ_LEN, BATCH_SIZE)
+if val_bpb is not None:
+    check(val_bpb, step)
 tokens = step * BATCH_SIZE * SEQ_LEN
 peak = peak_flops()
 report(

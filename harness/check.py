@@ -18,6 +18,7 @@ from . import pricing, prompt, supervise
 from .agents import KEY_VARS, Proposal, Task, make_researcher
 from .config import RunConfig
 from .errors import HarnessError
+from .executors import sandbox
 from .gitgate import GitGate
 from .executors import train_once
 from .runner import tail
@@ -65,6 +66,7 @@ class CheckReport:
     hours: float
     settings: dict = field(default_factory=dict)
     cost_source: str = "table"  # table | researcher | unknown (pricing.call_cost)
+    sandbox: str = ""  # what the training jobs run under, and what that leaves unprotected
 
     @property
     def iteration_s(self) -> float:
@@ -147,7 +149,16 @@ def run_check(cfg: RunConfig, hours: float) -> CheckReport:
                        output_tokens=usage.output_tokens, cost_usd=cost, retries=proposal.retries,
                        description=proposal.description, changed=[c[3:] for c in changed],
                        train_s=result.train_s, metric=cfg.metric, value=result.value(cfg.metric),
-                       hours=hours, settings=researcher.describe(), cost_source=cost_source)
+                       hours=hours, settings=researcher.describe(), cost_source=cost_source,
+                       sandbox=sandbox_line(cfg))
+
+
+def sandbox_line(cfg: RunConfig) -> str:
+    choice = sandbox.resolve(cfg.sandbox)
+    if choice.on:
+        net = "network allowed" if cfg.network else "no network"
+        return f"bwrap (own PID namespace, read-only filesystem but the worktree, run folder hidden, {net})"
+    return f"off ({'--sandbox off' if choice.setting == 'off' else choice.warning})"
 
 
 def render(r: CheckReport) -> str:
@@ -163,6 +174,7 @@ def render(r: CheckReport) -> str:
         f"  cost      {cost}",
         f"  edit      {', '.join(r.changed) or 'no file changed'}: {r.description or '(no description)'}",
         f"training    {r.train_s:.1f} s wall, {r.metric} {'-' if r.value is None else f'{r.value:.6f}'}",
+        f"sandbox     {r.sandbox}",
         f"night       {r.hours:g} h / {r.iteration_s:.1f} s per iteration = about {r.iterations} iterations, "
         f"cost {night}",
     ])

@@ -80,6 +80,9 @@ def run_options(fn):
                      help="Log every experiment to MLflow (default URI sqlite:///runs/mlflow.db; see docs/tracking.md)."),
         click.option("--force", is_flag=True, default=None, help="Resume even if the model, backend, base URL or key changed."),
         click.option("--resume", is_flag=True, help="Continue the run with this tag."),
+        click.option("--sandbox", type=click.Choice(["auto", "bwrap", "off"]), default=None,
+                     help="Run jobs under bubblewrap: auto (default: when it works here), bwrap (required), off."),
+        click.option("--network/--no-network", default=None, help="Let sandboxed training jobs reach the network."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)

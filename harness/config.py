@@ -52,6 +52,10 @@ WORKLOAD_DEFAULTS: dict[str, Any] = {
     "track": None,  # experiment tracker: "mlflow" (or "mlflow:URI"); None = none (harness/track/)
     "track_uri": None,  # the tracker's URI; None = sqlite:///runs/mlflow.db in the research repo
     "track_timeout": 30,  # s the end of a run waits for the tracker to catch up
+    "sandbox": "auto",  # auto | bwrap | off: training jobs and evaluations under bubblewrap (executors/sandbox.py)
+    "network": False,  # let sandboxed jobs reach the network
+    "evaluate_command": None,  # the metric from this command, run after the job from the baseline's files
+    "train_data_command": None,  # writes the training split for the job (HARNESS_OUTPUT_DIR); the data is hidden
 }
 
 RENAMED = {"stall_after": "stall_after_min"}
@@ -116,6 +120,15 @@ def _check_value(key: str, value: Any) -> Any:
         return value
     if key == "sealed":
         want(value is None or isinstance(value, bool), "true or false")
+        return value
+    if key == "sandbox":
+        want(value in ("auto", "bwrap", "off"), "'auto', 'bwrap' or 'off'")
+        return value
+    if key == "network":
+        want(isinstance(value, bool), "true or false")
+        return value
+    if key in ("evaluate_command", "train_data_command"):
+        want(value is None or (isinstance(value, str) and value.strip() != ""), "a command line")
         return value
     if key == "health_every":
         want(isinstance(value, int) and not isinstance(value, bool) and value >= 0, "a non-negative integer")
@@ -212,6 +225,10 @@ class RunConfig:
     track: str | None = None  # see WORKLOAD_DEFAULTS
     track_uri: str | None = None
     track_timeout: float = 30.0  # s
+    sandbox: str = "auto"  # see WORKLOAD_DEFAULTS
+    network: bool = False
+    evaluate_command: str | None = None
+    train_data_command: str | None = None
 
     @property
     def branch(self) -> str:

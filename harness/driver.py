@@ -61,7 +61,7 @@ class Cancelled(BaseException):
 def interrupts() -> Iterator[dict[str, Any]]:
     """The one interrupt path: the first SIGINT/SIGTERM/SIGHUP raises Interrupted in the main
     thread; later ones are only noted (the clean-up must run once, whole)."""
-    seen: dict[str, Any] = {"signum": None}
+    seen: dict[str, Any] = {"signum": None, "quiet": False}  # quiet: the run is ending, only note it
     if threading.current_thread() is not threading.main_thread():
         yield seen
         return
@@ -69,7 +69,8 @@ def interrupts() -> Iterator[dict[str, Any]]:
     def handler(signum, frame):
         if seen["signum"] is None:
             seen["signum"] = signum
-            raise Interrupted(signum)
+            if not seen["quiet"]:
+                raise Interrupted(signum)
 
     old = {s: signal.signal(s, handler) for s in SIGNALS}
     try:
@@ -508,57 +509,72 @@ def run_all(folder: Path, repo: Path, runs_: list[RunDriver], gpus: tuple[str, .
             locks: tuple[Path, ...] = (), on_locked: Callable[[], None] | None = None
             ) -> tuple[list[Summary], Interrupted | None]:
     """Drive runs_ (sequentially, or all at once) until each stops. folder: where the supervisor's
-    records and the executor's slots live (the run's folder, or the A/B comparison's)."""
+    records and the executor's slots live (the run's folder, or the A/B comparison's).
+
+    The signal handlers cover the whole of it, clean-up included: a signal during the clean-up
+    (a closed terminal sends SIGHUP twice) is noted, never lets the process die half-way."""
     interrupted: Interrupted | None = None
-    with contextlib.ExitStack() as held:
-        for path in (folder, *locks):  # one harness per run
-            held.enter_context(recovery.supervisor_lock(path))
-        if on_locked is not None:
-            on_locked()
-        recovery.on_resume(folder)  # processes an earlier supervisor of this run left behind
-        held.enter_context(supervise.active(folder))
-        executor = LocalExecutor(repo, folder / "slots", gpus)
-        held.callback(executor.close)
-        try:
-            with interrupts():
-                try:
-                    for r in runs_:
-                        r.open_run(executor)
-                    groups = [[r] for r in runs_] if schedule == "sequential" else [runs_]
-                    for group in groups:
-                        for r in group:
-                            r.started_with = r.policy.proposed
-                            r.start()
-                        while any(r.alive() for r in group):
-                            if any(r.error is not None for r in group):  # one run's error stops them all
-                                for r in group:
-                                    r.abort(None)
-                            for r in group:
-                                for t in r.threads:
-                                    t.join(POLL_S)
-                        errors = [r.error for r in group if r.error is not None]
-                        if errors:
-                            raise errors[0]
-                except KeyboardInterrupt as e:
-                    interrupted = e if isinstance(e, Interrupted) else Interrupted(signal.SIGINT)
-                    stop(runs_, executor)
-                    for r in runs_:
-                        r.tidy(interrupted.why)
-                except BaseException:
-                    stop(runs_, executor)  # an error in one run stops every lane and job, then is raised
-                    raise
-        finally:
-            for r in runs_:
-                r.cancel.set()
-    return [r.summary() for r in runs_], interrupted
+    executor: LocalExecutor | None = None
+    with interrupts() as seen:
+        with contextlib.ExitStack() as held:
+            try:
+                for path in (folder, *locks):  # one harness per run
+                    held.enter_context(recovery.supervisor_lock(path))
+                if on_locked is not None:
+                    on_locked()
+                recovery.on_resume(folder)  # processes an earlier supervisor of this run left behind
+                held.enter_context(supervise.active(folder))
+                executor = LocalExecutor(repo, folder / "slots", gpus)
+                held.callback(executor.close)
+                drive(runs_, executor, schedule)
+            except KeyboardInterrupt as e:
+                seen["quiet"] = True
+                interrupted = e if isinstance(e, Interrupted) else Interrupted(signal.SIGINT)
+                stop(runs_, executor)
+                for r in runs_:
+                    r.tidy(interrupted.why)
+            except BaseException:
+                seen["quiet"] = True
+                stop(runs_, executor)  # an error in one run stops every lane and job, then is raised
+                raise
+            finally:
+                seen["quiet"] = True
+                for r in runs_:
+                    r.cancel.set()
+        summaries = [r.summary() for r in runs_]
+    if interrupted is None and seen["signum"] is not None:  # it came while the run was ending anyway
+        interrupted = Interrupted(seen["signum"])
+    return summaries, interrupted
 
 
-def stop(runs_: list[RunDriver], executor: LocalExecutor) -> None:
+def drive(runs_: list[RunDriver], executor: LocalExecutor, schedule: str) -> None:
+    for r in runs_:
+        r.open_run(executor)
+    groups = [[r] for r in runs_] if schedule == "sequential" else [runs_]
+    for group in groups:
+        for r in group:
+            r.started_with = r.policy.proposed
+            r.start()
+        while any(r.alive() for r in group):
+            if any(r.error is not None for r in group):  # one run's error stops them all
+                for r in group:
+                    r.abort(None)
+            for r in group:
+                for t in r.threads:
+                    t.join(POLL_S)
+        errors = [r.error for r in group if r.error is not None]
+        if errors:
+            raise errors[0]
+
+
+def stop(runs_: list[RunDriver], executor: LocalExecutor | None) -> None:
     """Every run's lanes told to stop, training jobs killed, researchers killed, threads joined."""
     for r in runs_:
         r.abort(None)
-    executor.close()
-    supervise.current().stop_all()
+    if executor is not None:
+        executor.close()
+    if supervise.current() is not None:
+        supervise.current().stop_all()
     for r in runs_:
         r.shutdown()
 

@@ -192,6 +192,11 @@ class Worktree:
         out = self.repo.git.rev_list("--reverse", f"{base}..HEAD")
         return out.split()
 
+    def first_parent(self, base: str, ref: str) -> list[str]:
+        """base, then the commits of ref after it along first parents, oldest first."""
+        out = self.repo.git.rev_list("--first-parent", "--reverse", f"{base}..{ref}")
+        return [self.resolve(base), *out.split()]
+
     def show(self, commit: str, path: str) -> str:
         return self.repo.git.show(f"{commit}:{path}")
 
@@ -201,6 +206,22 @@ class Worktree:
             return (self.repo.commit(commit).tree / path).data_stream.read()
         except KeyError:
             return None
+
+    def export(self, commit: str, paths: tuple[str, ...], dest: Path) -> list[str]:
+        """Write paths (files or folders) as committed at commit under dest; the files written."""
+        tree, written = self.repo.commit(commit).tree, []
+        for path in paths:
+            try:
+                item = tree / path
+            except KeyError:
+                continue  # not in that commit
+            blobs = [item] if item.type == "blob" else [b for b in item.traverse() if b.type == "blob"]
+            for blob in blobs:
+                target = Path(dest) / blob.path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(blob.data_stream.read())
+                written.append(blob.path)
+        return written
 
     def merge_file(self, ours: Path, base: Path, theirs: Path) -> int:
         """git merge-file: merge base->theirs into ours in place; the number of conflicts (<0: error)."""

@@ -11,6 +11,11 @@ from .errors import RepoError
 EXAMPLE_FILES = ("train.py", "prepare.py", "program.md", "data/shakespeare.txt.xz")
 
 
+# The bundled workload's metric comes from a separate evaluation of the saved model (docs/robustness.md).
+EXAMPLE_EVALUATION = ('evaluate_command = "python prepare.py --evaluate"\n'
+                      'train_data_command = "python prepare.py --export-train"\n')
+
+
 def example_dir() -> Path:
     """Where the bundled workload lies: inside an installed wheel, or the source checkout's root."""
     packaged = Path(__file__).parent / "example"
@@ -73,7 +78,8 @@ def init_example(dest: Path) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src / rel, target)
     (dest / "harness.toml").write_text(
-        settings_text("python train.py", ["prepare.py", "data/shakespeare.txt.xz"]).replace("[tool.harness]\n", ""))
+        settings_text("python train.py", ["prepare.py", "data/shakespeare.txt.xz"]).replace("[tool.harness]\n", "")
+        + EXAMPLE_EVALUATION)
     (dest / ".gitignore").write_text("__pycache__/\nresults.tsv\nruns/\n")
     git = ["git", "-c", "user.name=autoresearch-harness", "-c", "user.email=harness@localhost"]
     for argv in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"],

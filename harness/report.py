@@ -36,6 +36,7 @@ class ArmData:
     model: str | None = None
     editable: tuple[str, ...] = ()
     git_dir: Path | None = None  # a checkout in which the kept commits can be diffed
+    sandbox: str | None = None  # what ran the jobs (run.json): bwrap, off; None = not recorded
 
 
 @dataclass
@@ -87,6 +88,7 @@ def load_arm(label: str, path: Path, setup: dict[str, Any] | None = None) -> Arm
                  or (researched[0].get("agent") if researched else None))
     arm.model = (setup.get("model") or manifest.get("model")
                  or (researched[0].get("model") if researched else None) or None)
+    arm.sandbox = manifest.get("sandbox")
     worktree = path.parent / "worktree"
     arm.git_dir = worktree if (worktree / ".git").exists() else _git_toplevel(path.parent)
     if not arm.editable and arm.git_dir is not None and (arm.git_dir / "train.py").exists():
@@ -245,6 +247,7 @@ def arm_figures(arm: ArmData) -> dict[str, Any]:
         "kept": kept_changes(arm),
         # results taken from stdout rather than a verified seal (foreign workloads); None = not recorded
         "unsealed_runs": sum(1 for r in rows if r.get("sealed") == "no") if has("sealed") else None,
+        "sandbox": arm.sandbox,  # bwrap or off (run.json), None = not recorded
         "events": events.read(arm.ledger.parent)[0],  # ledger restores, health warnings, drift, ...
     }
 

@@ -140,6 +140,7 @@ def table_rows(summary: dict[str, Any]) -> list[list[str]]:
         ("noise floor sigma (latest)", "noise_sigma", "num"),
         ("repeat training runs", "repeat_runs", "int"),
         ("runs with unsealed results (stdout)", "unsealed_runs", "int"),
+        ("sandbox", "sandbox", "text"),
         ("GPU-minutes on discarded and failed runs", "gpu_minutes_discarded_failed", "s"),
         ("mean researcher seconds per iteration", "mean_agent_s", "s"),
         ("mean iteration wall seconds", "mean_wall_s", "s"),

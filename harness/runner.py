@@ -14,6 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from . import faults, supervise
 
@@ -112,15 +113,18 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, metric: str,
                  kill_after_s: float, stall_after_s: float | None = None,
-                 pass_fds: tuple[int, ...] = (), cancel: threading.Event | None = None) -> TrainResult:
+                 pass_fds: tuple[int, ...] = (), cancel: threading.Event | None = None,
+                 wrap: Callable[[list[str]], list[str]] | None = None) -> TrainResult:
     """Run the job to completion, a crash, the hard deadline or a stall; never raises for job failures.
 
     A KeyboardInterrupt while waiting (or cancel set, from another thread) kills the job's
     process group and propagates as KeyboardInterrupt. pass_fds are inherited by the job (the
-    seal key's pipe). The job is started through the run's supervisor (supervise.py): it is on
-    disk before it runs, so a resumed supervisor can stop a job its killed predecessor left behind.
+    seal key's pipe). wrap turns the job's argv into the sandbox's (executors/sandbox.py). The job
+    is started through the run's supervisor (supervise.py): it is on disk before it runs, so a
+    resumed supervisor can stop a job its killed predecessor left behind.
     """
     argv = shlex.split(command)
+    argv = wrap(argv) if wrap is not None else argv
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with open(log_path, "wb") as log:

@@ -20,10 +20,11 @@ from typing import Any, Callable
 
 import git
 
-from . import __version__, decide, ledger, ledgerguard, pricing, seal, trainenv
+from . import __version__, decide, ledger, ledgerguard, pricing, seal, trainenv, trust
 from .agents import Researcher, make_researcher, routing_mismatch
 from .config import RunConfig
 from .errors import RepoError
+from .executors import sandbox
 from .gitgate import GitGate, sha256_file
 from .ledger import Row
 from .step import (INTERRUPTED, Candidate, Context, RunState, conflict_row, judge_candidate, memory_gb,
@@ -111,6 +112,7 @@ def write_manifest(cfg: RunConfig, researcher: Researcher, base: str, program: s
         "agent": researcher.name, "model": pricing.resolve_model(cfg.model),
         "researcher": researcher.describe(),
         "program_sha256": hashlib.sha256(program.encode()).hexdigest(),
+        "sandbox": sandbox.resolve(cfg.sandbox).mode,  # issue 13: what runs the jobs (bwrap | off)
     }
     write_json(cfg.run_dir / "run.json", manifest)
 
@@ -190,7 +192,7 @@ def baseline(ctx: Context, state: RunState, progress: Progress) -> None:
     state.best_value, state.best_runs, state.sigma = statistics.fmean(values), len(values), sigma
 
 
-def reconcile(ctx: Context, base: str) -> RunState | None:
+def reconcile(ctx: Context, base: str, verify: bool = False) -> RunState | None:
     """Rebuild the state from disk and reset the worktree to the best commit (None: no baseline yet).
 
     Journals of committed candidates that an interruption left untrained stay: train_waiting
@@ -207,6 +209,8 @@ def reconcile(ctx: Context, base: str) -> RunState | None:
     best = ledger.best_row(rows)
     if best is None:
         return None
+    if verify and base:  # on --resume, a keep row is believed only when its commit is on the run branch
+        trust.verify(cfg.run_dir, cfg.branch, rows, ctx.wt.first_parent(base, cfg.branch))
     best_commit = ctx.wt.resolve(best["commit"])
     ctx.wt.reset_hard(best_commit)
     tried_file = cfg.run_dir / "tried.txt"
@@ -315,7 +319,7 @@ def open_run(cfg: RunConfig, resume: bool, progress: Progress = no_progress,
         write_manifest(cfg, researcher, base, program)
     link_results(cfg)
     ctx = Context(cfg, gate.worktree(cfg.worktree), researcher, program, executor=executor)
-    state = reconcile(ctx, base) if resume else None
+    state = reconcile(ctx, base, verify=True) if resume else None
     return ctx, state
 
 

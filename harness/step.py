@@ -272,7 +272,7 @@ def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str
         return cand
     reason = git_reason or check(ctx, parent, state) or (cfg.policy and guard.policy_problem(
         ctx.wt, parent, cfg.editable, cfg.metric, cfg.protected,
-        seal.enabled(cfg.sealed, ctx.wt.path, cfg.protected))) or None
+        seal.enabled(cfg.sealed, ctx.wt.path, cfg.protected) or bool(cfg.evaluate_command))) or None
     if reason:
         ctx.wt.reset_hard(parent)
         cand.outcome = cand.row(ctx, "invalid", f"{cand.description} [invalid: {reason}]")

@@ -22,7 +22,11 @@ direction = "minimize"
 time_budget = 5
 kill_after = {kill_after}
 program = "program.md"
+sandbox = "{sandbox}"
 """
+# The fake trainers keep state next to the repo (noise and drift counters, GPU logs, child pids),
+# which the sandbox rightly hides from a job; so these repos run unsandboxed unless a test asks.
+# The sandbox itself is exercised by tests/test_sandbox.py, the cheat suite and test_evaluation.py.
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -37,12 +41,14 @@ def set_globals(source: str, **values) -> str:
     return source
 
 
-def make_repo(path: Path, train_source: str = FAKE_TRAIN, kill_after: float = 20, extra: str = "") -> Path:
+def make_repo(path: Path, train_source: str = FAKE_TRAIN, kill_after: float = 20, extra: str = "",
+              sandbox: str = "off") -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "train.py").write_text(train_source)
     (path / "prepare.py").write_text("# protected evaluation code\nEVAL_BYTES = 1000\n")
     (path / "program.md").write_text("Lower val_bpb wins.\n\n{{BEST}}\n\n{{RESULTS}}\n\n{{LAST_FAILURE}}\n")
-    (path / "harness.toml").write_text(SETTINGS.format(python=sys.executable, kill_after=kill_after) + extra)
+    settings = SETTINGS.format(python=sys.executable, kill_after=kill_after, sandbox=sandbox)
+    (path / "harness.toml").write_text(settings + extra)
     git(path, "init", "-q", "-b", "main")
     git(path, "config", "user.name", "Test User")
     git(path, "config", "user.email", "test@example.com")

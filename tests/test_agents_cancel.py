@@ -9,7 +9,7 @@ from pathlib import Path
 
 from harness.agents import Task, make_researcher
 from harness.agents.process import STOP_GRACE_S
-from harness.recovery import group_members
+from harness.supervise import members
 from fakes.helpers import TEST_KEY, install_stand_ins
 from fakes.openai_server import Fail, Hang, ScriptedServer
 
@@ -58,7 +58,7 @@ def test_cancel_stops_a_cli_that_ignores_sigterm_within_the_grace(tmp_path: Path
     assert proposal.usage.known is False  # a killed call reported nothing: unknown, not free
     assert took_s < STOP_GRACE_S + 10  # promptly: the grace period and the SIGKILL, not the 120 s timeout
     assert not alive(leader) and not alive(child)
-    assert group_members(leader) == []  # nothing of its process group is left (scanned in /proc)
+    assert members(pgid=leader) == []  # nothing of its process group is left (scanned in /proc)
     assert not (tmp_path / "logs" / "agent.log.pid").exists()
     assert "--- cancelled after" in (tmp_path / "logs" / "agent.log").read_text()
 

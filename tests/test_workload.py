@@ -4,7 +4,6 @@ copy, on the CPU, with a tiny step count wherever exact figures are compared.
 """
 
 import hashlib
-import hmac
 import http.server
 import io
 import json
@@ -92,7 +91,9 @@ def test_time_budget_run_reports_a_full_block(work):
     # It learned something (a uniform guess is 8 bits per byte). How much depends on the steps
     # the CPU managed in 10 s: about 3.6 on an idle 2-core machine, less far when it is loaded.
     assert float(figures["val_bpb"]) < 8.0 and int(figures["num_steps"]) > 0
-    assert budget <= float(figures["training_seconds"]) < budget + 5
+    # it stops before the step that would cross the budget (from its mean step time), so it ends
+    # a little under the budget, never much over it
+    assert budget * 0.7 <= float(figures["training_seconds"]) < budget + 2
     assert wall_s < 2 * budget + 15  # imports and evaluation on top of the budget
 
 
@@ -297,24 +298,13 @@ def test_download_registry_corpus_from_a_mirror(work, tmp_path, shard):
 # Reporting
 
 
-def test_result_file_matches_the_block_and_the_seal_verifies(work, tmp_path):
-    # a spy in train.py: can the training code see the seal key in its environment?
-    source = (work / "train.py").read_text()
-    anchor = "from prepare import "
-    assert anchor in source
-    source = source.replace(anchor, "import os as spy_os\n" + anchor, 1)
-    source += '\nprint("seal key visible:", "HARNESS_SEAL_KEY" in spy_os.environ)\n'
-    (work / "train.py").write_text(source)
+def test_result_file_matches_the_block(work, tmp_path):
     out = tmp_path / "result.json"
-    proc = run(work, "train.py", HARNESS_MAX_STEPS=3, HARNESS_RESULT_FILE=out, HARNESS_SEAL_KEY="k3y")
+    proc = run(work, "train.py", HARNESS_MAX_STEPS=3, HARNESS_RESULT_FILE=out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "seal key visible: False" in proc.stdout
-
     result = json.loads(out.read_text())
-    seal = result.pop("seal")
-    figures = block(proc.stdout.split("seal key visible")[0])
+    figures = block(proc.stdout)
     assert set(result) == set(figures) == BLOCK_KEYS
     assert all(float(figures[k]) == result[k] for k in figures)
-    canonical = json.dumps(result, sort_keys=True, separators=(",", ":"))
-    assert seal == hmac.new(b"k3y", canonical.encode(), hashlib.sha256).hexdigest()
-    assert seal != hmac.new(b"other", canonical.encode(), hashlib.sha256).hexdigest()
+    assert "seal" not in result  # the in-process seal is gone: under the harness the metric comes from
+    # its separate evaluation (tests/test_evaluation.py)

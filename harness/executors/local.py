@@ -9,42 +9,26 @@ checked after, the seal channel, the process under the run's supervisor and the 
 from __future__ import annotations
 
 import collections
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import guard, seal, track
+from .. import track
 from ..config import RunConfig
 from ..gitgate import GitGate, Worktree
-from ..runner import TrainResult, run_training, training_env
+from ..runner import TrainResult
+from . import evaluation
 from .base import Job, JobFuture
 
 
 def train_once(cfg: RunConfig, worktree: Path, log_path: Path, seed: int, gpu: str | None = None,
                cancel: threading.Event | None = None, iteration: int | None = None,
                commit: str | None = None) -> TrainResult:
-    """Train the code in worktree once under the hard deadline (cancel set = KeyboardInterrupt).
-
-    Protected files are checked (and restored) before the job and checked after it; a sealed
-    workload's figures come only from prepare.py's sealed result (guard.py, seal.py).
-    """
-    result_file = log_path.with_suffix(".result.json")
-    extra = {"HARNESS_TIME_BUDGET": f"{cfg.time_budget:g}", "HARNESS_SEED": str(seed),
-             "HARNESS_RESULT_FILE": str(result_file)}
-    extra.update(track.job_env(cfg, iteration, commit))  # HARNESS_RUN/_ITERATION/_COMMIT/_TRACKING_URI
-    if cfg.max_steps is not None:
-        extra["HARNESS_MAX_STEPS"] = str(cfg.max_steps)
-    if gpu is not None:  # the slot's GPU
-        extra["CUDA_VISIBLE_DEVICES"] = gpu
-    guard.before_training(cfg.run_dir, worktree, cfg.protected, result_file)
-    with seal.channel(seal.enabled(cfg.sealed, worktree, cfg.protected)) as ch:
-        env = seal.job_env(training_env(dict(os.environ), extra), ch)
-        result = run_training(cfg.train_command, worktree, env, log_path, cfg.metric,
-                              kill_after_s=cfg.kill_after, stall_after_s=cfg.stall_after_min * 60,
-                              pass_fds=ch.fds, cancel=cancel)
-    result = seal.judge(result, result_file, ch.key, cfg.metric, cfg.time_budget)
-    return guard.after_training(cfg.run_dir, worktree, cfg.protected, result)
+    """Train the code in worktree once under the hard deadline (cancel set = KeyboardInterrupt):
+    sandboxed, timed by the harness, protected files checked before and after, the metric from the
+    workload's separate evaluation when it has one (evaluation.py)."""
+    return evaluation.train(cfg, worktree, log_path, seed, cancel=cancel, gpu=gpu,
+                            job_env=track.job_env(cfg, iteration, commit))
 
 
 @dataclass

@@ -1,0 +1,295 @@
+"""One training job, sandboxed, and the metric from an evaluation the job cannot reach.
+
+`train(...)` is what step.evaluate runs (explicit inputs, so it can move into an executor):
+
+1. protected files restored as committed, the sandbox chosen (sandbox.resolve);
+2. for a workload with `train_data_command`: the training split exported once per run from the
+   baseline's protected files, given to the job read-only (HARNESS_DATA_DIR), while the
+   protected data files and the data cache are hidden from it;
+3. the job runs in the sandbox with a private /tmp and an output folder (HARNESS_OUTPUT_DIR),
+   timed by the harness (budget.py);
+4. protected files checked again;
+5. with `evaluate_command`: the baseline's protected files are written from git into a folder
+   the job never saw, and the command runs there, sandboxed, with the job's output folder
+   read-only; its result file, in a folder only it can write, is the metric (`sealed` = yes).
+   Without one (a foreign workload): the printed block is the metric, `sealed` = no.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from .. import events, guard, seal
+from ..config import RunConfig
+from ..gitgate import Worktree
+from ..runner import TrainResult, run_training, tail, training_env
+from . import budget, sandbox
+
+HARNESS_PACKAGE = Path(__file__).resolve().parent.parent
+DATA_CACHE = Path.home() / ".cache" / "autoresearch-harness"  # prepare.py's default HARNESS_CACHE_DIR
+# Caches that tools write under $HOME, sent to the private /tmp (the home is read-only in the sandbox).
+SANDBOX_ENV = {"TMPDIR": "/tmp", "TRITON_HOME": "/tmp", "TRITON_CACHE_DIR": "/tmp/.triton",
+               "TORCHINDUCTOR_CACHE_DIR": "/tmp/.inductor", "CUDA_CACHE_PATH": "/tmp/.nv", "MPLCONFIGDIR": "/tmp/.mpl"}
+JOB_ONLY_ENV = ("HARNESS_DATA_DIR", "HARNESS_MAX_STEPS", "HARNESS_SEED", "HARNESS_TIME_BUDGET")  # not for evaluations
+
+
+@dataclass(frozen=True)
+class Space:
+    """One job's folders, inside the run folder (which every job sees as an empty folder)."""
+    root: Path
+
+    @property
+    def tmp(self) -> Path: return self.root / "tmp"
+    @property
+    def out(self) -> Path: return self.root / "out"
+    @property
+    def eval_tmp(self) -> Path: return self.root / "eval-tmp"
+    @property
+    def eval_out(self) -> Path: return self.root / "eval-out"
+    @property
+    def evaluator(self) -> Path: return self.root / "evaluator"
+
+
+def fresh_space(log_path: Path) -> Space:
+    space = Space(log_path.with_suffix(".job"))
+    shutil.rmtree(space.root, ignore_errors=True)
+    for folder in (space.tmp, space.out, space.eval_tmp, space.eval_out, space.evaluator):
+        folder.mkdir(parents=True)
+    return space
+
+
+def data_cache() -> Path:
+    return Path(os.environ.get("HARNESS_CACHE_DIR") or DATA_CACHE)
+
+
+def state_dir(cfg: RunConfig, log_path: Path) -> Path:
+    """The run folder, or (for `harness check`'s throwaway runs) the log's folder."""
+    return cfg.run_dir if cfg.run_dir.exists() else log_path.parent
+
+
+def baseline_commit(cfg: RunConfig, worktree: Path) -> str:
+    try:
+        return json.loads((cfg.run_dir / "run.json").read_text())["baseline_commit"]
+    except (OSError, ValueError, KeyError):
+        return Worktree(worktree).head()  # a throwaway run: HEAD is the baseline
+
+
+def hidden_paths(cfg: RunConfig, worktree: Path, hide_data: bool) -> list[Path]:
+    """What a sandboxed job must not see: the run folders, git's objects, the harness itself and,
+    when the training split is exported for it, the data it was exported from."""
+    paths = [cfg.run_dir, cfg.repo / "runs", cfg.repo / ".git", HARNESS_PACKAGE]
+    if hide_data:
+        data = [p for p in cfg.protected if not p.endswith(".py")]
+        paths += [root / p for root in (cfg.repo, Path(worktree)) for p in data] + [data_cache()]
+    if not cfg.network:
+        paths += [Path("/run"), Path("/var/run")]  # sockets of host services (a docker socket is root)
+    return [p for p in paths if p.exists()]
+
+
+def wrapper(choice: sandbox.Choice, **kw) -> Callable[[list[str]], list[str]] | None:
+    bwrap = sandbox.bwrap_path()
+    if not choice.on or bwrap is None:
+        return None
+    return lambda argv: sandbox.wrap(argv, bwrap=bwrap, **kw)
+
+
+def choose(cfg: RunConfig, where: Path) -> sandbox.Choice:
+    choice = sandbox.resolve(cfg.sandbox)
+    warning = sandbox.warn_once(choice)
+    if warning:
+        events.record(where, "sandbox_off", warning)
+    return choice
+
+
+# ---------------------------------------------------------------------------
+# The training job
+
+
+def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
+          cancel: threading.Event | None = None, gpu: str | None = None,
+          job_env: dict[str, str] | None = None) -> TrainResult:
+    """Train the code in worktree once, sandboxed; the metric from the separate evaluation if any.
+
+    gpu: the executor slot's GPU (CUDA_VISIBLE_DEVICES); job_env: more variables for the job
+    (the tracker's HARNESS_RUN, HARNESS_ITERATION, HARNESS_COMMIT)."""
+    worktree = Path(worktree)
+    result_file = log_path.with_suffix(".result.json")
+    where = state_dir(cfg, log_path)
+    choice = choose(cfg, where)
+    space = fresh_space(log_path)
+    base = baseline_commit(cfg, worktree)
+    extra = {"HARNESS_TIME_BUDGET": f"{cfg.time_budget:g}", "HARNESS_SEED": str(seed),
+             "HARNESS_RESULT_FILE": str(result_file)}
+    if cfg.evaluate_command:  # where the job leaves what the evaluation scores
+        extra["HARNESS_OUTPUT_DIR"] = str(space.out)
+    extra.update(job_env or {})
+    if cfg.max_steps is not None:
+        extra["HARNESS_MAX_STEPS"] = str(cfg.max_steps)
+    if gpu is not None:  # the executor slot's GPU
+        extra["CUDA_VISIBLE_DEVICES"] = gpu
+    readonly = [worktree / ".git"]  # the job may not point the worktree at another repository
+    if cfg.train_data_command:
+        data_dir = export_training_data(cfg, worktree, where, base, choice, log_path)
+        if isinstance(data_dir, TrainResult):
+            return data_dir
+        extra["HARNESS_DATA_DIR"] = str(data_dir)
+        readonly.append(data_dir)
+    if choice.on:
+        extra.update(SANDBOX_ENV, HARNESS_RESULT_FILE=str(space.out / "result.json"))
+    guard.before_training(cfg.run_dir, worktree, cfg.protected, result_file)
+    wrap = wrapper(choice, worktree=worktree, tmp_dir=space.tmp, output_dir=space.out, readonly=readonly,
+                   hidden=hidden_paths(cfg, worktree, bool(cfg.train_data_command)), network=cfg.network)
+    legacy_seal = not cfg.evaluate_command and seal.enabled(cfg.sealed, worktree, cfg.protected)
+    with seal.channel(legacy_seal) as ch:
+        env = seal.job_env(training_env(dict(os.environ), extra), ch)
+        result = run_training(cfg.train_command, worktree, env, log_path, cfg.metric, kill_after_s=cfg.kill_after,
+                              stall_after_s=cfg.stall_after_min * 60, pass_fds=ch.fds, cancel=cancel, wrap=wrap)
+    if choice.on:  # what the job wrote, where the legacy checks look
+        copy_job_file(space.out / "result.json", result_file)
+    if cfg.evaluate_command:
+        result = job_outcome(result, log_path)
+    else:
+        result = seal.judge(result, result_file, ch.key, cfg.metric, cfg.time_budget)
+    result = guard.after_training(cfg.run_dir, worktree, cfg.protected, result)
+    result = within_budget(cfg, where, worktree, base, result)
+    if cfg.evaluate_command and result.status == "ok":
+        result = evaluate(cfg, worktree, space, base, choice, result, log_path)
+    shutil.rmtree(space.root, ignore_errors=True)  # the saved model can be large; the logs stay
+    return result
+
+
+MAX_JOB_FILE_BYTES = 1 << 20  # a job's result file is a few hundred bytes
+
+
+def copy_job_file(src: Path, dest: Path) -> None:
+    """Copy a file the job wrote, outside the sandbox: a regular file only (a symlink the job
+    planted would make the harness read whatever it points at), and a small one."""
+    try:
+        if src.is_symlink() or not src.is_file() or src.stat().st_size > MAX_JOB_FILE_BYTES:
+            return
+        shutil.copyfile(src, dest)
+    except OSError:
+        return
+
+
+def job_outcome(result: TrainResult, log_path: Path) -> TrainResult:
+    """With a separate evaluation the job only has to exit cleanly: its printed figures are a log."""
+    refused = _read(log_path.with_suffix(".result.json")) or {}
+    if "refused" in refused:  # the workload's own code refused to go on (prepare.py's checks)
+        return replace(result, status="invalid", reason=f"prepare.py refused: {str(refused['refused'])[:400]}")
+    text = log_path.read_text(encoding="utf-8", errors="replace")
+    if result.status == "timeout":
+        return result
+    if result.returncode not in (0, None):
+        last = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
+        if last and ":" not in result.reason:  # a SystemExit message is no "...Error" line
+            return replace(result, reason=f"{result.reason}: {last[:300]}")
+        return result
+    if re.search(r"^FAIL\b", text, re.M):
+        return replace(result, status="crash", reason="the job printed FAIL")
+    return replace(result, status="ok", reason="")
+
+
+def within_budget(cfg: RunConfig, where: Path, worktree: Path, base: str, result: TrainResult) -> TrainResult:
+    """The baseline's runs calibrate the start-up allowance; every other job is judged by it."""
+    if result.status != "ok":
+        return result
+    reported = result.metrics.get("training_seconds")
+    reported = reported if isinstance(reported, float) and math.isfinite(reported) else None
+    if Worktree(worktree).head() == base:
+        budget.calibrate(where, base, result.train_s, reported, cfg.time_budget)
+        return result
+    verdict = budget.judge(result.train_s, cfg.time_budget, budget.allowance(where), reported)
+    return result if verdict.ok else replace(result, status="invalid", reason=verdict.reason)
+
+
+# ---------------------------------------------------------------------------
+# The baseline's protected files, and what runs from them
+
+
+def materialise(worktree: Path, commit: str, protected: tuple[str, ...], dest: Path) -> list[str]:
+    """The protected files as committed at commit (from git's objects, not the worktree) in dest."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    return Worktree(worktree).export(commit, protected, dest)
+
+
+def harness_env(extra: dict[str, str]) -> dict[str, str]:
+    """The environment of a harness-side command: the harness's own, without job variables."""
+    env = seal.job_env(training_env(dict(os.environ), {}), seal.Channel(None))
+    for key in JOB_ONLY_ENV:
+        env.pop(key, None)
+    env.update(SANDBOX_ENV)
+    env.update(extra)
+    return env
+
+
+def export_training_data(cfg: RunConfig, worktree: Path, where: Path, base: str, choice: sandbox.Choice,
+                         log_path: Path) -> Path | TrainResult:
+    """Run train_data_command once per baseline and dataset; the folder the job gets read-only."""
+    dataset = re.sub(r"[^A-Za-z0-9._-]", "_", os.environ.get("HARNESS_DATASET", "default"))
+    dest = where / "train-data" / f"{base[:12]}-{dataset}"
+    if (dest / ".done").exists():
+        return dest
+    work = where / "train-data" / "files"
+    materialise(worktree, base, cfg.protected, work)
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    tmp = where / "train-data" / "tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    log = where / "train-data" / "export.log"
+    wrap = wrapper(choice, worktree=work, tmp_dir=tmp, output_dir=dest, readonly=[data_cache()],
+                   hidden=[p for p in (cfg.run_dir, cfg.repo / ".git", HARNESS_PACKAGE) if p.exists()])
+    done = run_training(cfg.train_data_command, work, harness_env({"HARNESS_OUTPUT_DIR": str(dest)}),
+                        log, metric="-", kill_after_s=cfg.kill_after, wrap=wrap)
+    if done.returncode != 0:
+        return TrainResult("crash", reason=f"train_data_command failed ({done.reason}): {tail(log, 600)}")
+    (dest / ".done").write_text("")
+    return dest
+
+
+def evaluate(cfg: RunConfig, worktree: Path, space: Space, base: str, choice: sandbox.Choice,
+             job: TrainResult, log_path: Path) -> TrainResult:
+    """Run evaluate_command from the baseline's files on what the job left; its result is the metric."""
+    materialise(worktree, base, cfg.protected, space.evaluator)
+    result_file = space.eval_out / "result.json"
+    eval_log = log_path.with_suffix(".eval.log")
+    env = harness_env({"HARNESS_OUTPUT_DIR": str(space.out), "HARNESS_RESULT_FILE": str(result_file)})
+    hidden = [p for p in (cfg.run_dir, cfg.repo / "runs", cfg.repo / ".git", HARNESS_PACKAGE, Path(worktree))
+              if p.exists()]
+    wrap = wrapper(choice, worktree=space.evaluator, tmp_dir=space.eval_tmp, output_dir=space.eval_out,
+                   readonly=[space.out, data_cache()], hidden=hidden, network=False)
+    done = run_training(cfg.evaluate_command, space.evaluator, env, eval_log, cfg.metric,
+                        kill_after_s=cfg.kill_after, wrap=wrap)
+    figures = _read(result_file)
+    logged = {k: v for k, v in job.metrics.items()  # the job's own figures: a log, never the metric
+              if k != cfg.metric and isinstance(v, float)}
+    if figures is not None and "refused" in figures:
+        return replace(job, status="invalid", sealed=True, reason=f"the evaluation refused the model: "
+                                                                  f"{str(figures['refused'])[:400]}")
+    if done.status == "timeout":
+        return replace(job, status="timeout", sealed=True, reason=f"the evaluation was {done.reason}")
+    value = None if figures is None else figures.get(cfg.metric)
+    if done.returncode != 0 or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return replace(job, status="crash", sealed=True,
+                       reason=f"the evaluation gave no finite {cfg.metric} ({done.reason or 'no result file'}): "
+                              f"{tail(eval_log, 400)}")
+    metrics = {**logged, **{k: float(v) for k, v in figures.items()
+                            if isinstance(v, (int, float)) and not isinstance(v, bool)}}
+    return replace(job, status="ok", metrics=metrics, sealed=True, reason="")
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,140 @@
+"""The bundled workload's separate evaluation, for real: train.py step-bounded on the CPU saves its
+model, and `prepare.py --evaluate` in another process scores it on bytes the job never had."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS = 3
+
+
+@pytest.fixture
+def work(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in ("train.py", "prepare.py"):
+        shutil.copy(ROOT / name, work / name)
+    shutil.copytree(ROOT / "data", work / "data")
+    return work
+
+
+def run(work, *args, **env):
+    base = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
+    base.update(HARNESS_CACHE_DIR=str(work.parent / "cache"), PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="",
+                OMP_NUM_THREADS="1")
+    base.update({k: str(v) for k, v in env.items()})
+    return subprocess.run([sys.executable, *args], cwd=work, env=base, capture_output=True, text=True, timeout=300)
+
+
+def figures(stdout: str) -> dict[str, str]:
+    lines = stdout.splitlines()
+    tail = lines[len(lines) - lines[::-1].index("---"):]
+    return dict(line.split(": ", 1) for line in tail)
+
+
+def evaluate(work, out_dir: Path, result: Path):
+    return run(work, "prepare.py", "--evaluate", HARNESS_OUTPUT_DIR=out_dir, HARNESS_RESULT_FILE=result)
+
+
+def test_the_separate_evaluation_equals_the_in_process_figure(work, tmp_path):
+    out = tmp_path / "out"
+    trained = run(work, "train.py", HARNESS_MAX_STEPS=STEPS, HARNESS_OUTPUT_DIR=out)
+    assert trained.returncode == 0, trained.stderr
+    in_process = figures(trained.stdout)["val_bpb"]
+    assert sorted(p.name for p in (out / "model").iterdir()) == ["meta.json", "program.json", "weights.safetensors"]
+    result = tmp_path / "result.json"
+    scored = evaluate(work, out, result)
+    assert scored.returncode == 0, scored.stderr
+    assert figures(scored.stdout)["val_bpb"] == in_process  # same bytes, same computation, printed alike
+    assert f"{json.loads(result.read_text())['val_bpb']:.6f}" == in_process
+
+
+def test_the_training_job_gets_the_training_split_alone(work, tmp_path):
+    data, out = tmp_path / "data", tmp_path / "out"
+    exported = run(work, "prepare.py", "--export-train", HARNESS_OUTPUT_DIR=data)
+    assert exported.returncode == 0, exported.stderr
+    assert sorted(p.name for p in data.iterdir()) == ["meta.json", "train.bin"]
+    trained = run(work, "train.py", HARNESS_MAX_STEPS=STEPS, HARNESS_DATA_DIR=data, HARNESS_OUTPUT_DIR=out)
+    assert trained.returncode == 0, trained.stderr
+    assert "val_bpb" not in figures(trained.stdout)  # the job's block is a log; it cannot score itself
+    assert (out / "model" / "program.json").exists()
+    peek = (work / "train.py").read_text() + '\nload_split("val")\n'
+    (work / "train.py").write_text(peek)
+    tried = run(work, "train.py", HARNESS_MAX_STEPS=1, HARNESS_DATA_DIR=data, HARNESS_OUTPUT_DIR=out)
+    assert tried.returncode != 0 and "validation bytes are not available to the training job" in tried.stderr
+
+
+def test_the_evaluation_refuses_a_model_that_sees_the_next_byte(work, tmp_path):
+    source = (work / "train.py").read_text()
+    (work / "train.py").write_text(source.replace("is_causal=True", "is_causal=False"))
+    out = tmp_path / "out"
+    data = tmp_path / "data"
+    run(work, "prepare.py", "--export-train", data)
+    trained = run(work, "train.py", HARNESS_MAX_STEPS=STEPS, HARNESS_DATA_DIR=data, HARNESS_OUTPUT_DIR=out)
+    assert trained.returncode == 0, trained.stderr
+    result = tmp_path / "result.json"
+    scored = evaluate(work, out, result)
+    assert scored.returncode != 0
+    assert "not causal" in json.loads(result.read_text())["refused"]
+
+
+def test_a_crafted_model_file_is_refused_without_running_it(work, tmp_path):
+    out = tmp_path / "out"
+    trained = run(work, "train.py", HARNESS_MAX_STEPS=1, HARNESS_OUTPUT_DIR=out)
+    assert trained.returncode == 0, trained.stderr
+    program_path = out / "model" / "program.json"
+    pristine = program_path.read_text()
+    marker = tmp_path / "pwned"
+    attacks = {
+        # a node whose target resolves, through torch's module attributes, to os.system
+        "operator": lambda p: p["graph_module"]["graph"]["nodes"][0].update(target="torch.serialization.os.system"),
+        # an ATen op that reads a file: the validation bytes, straight off the disk
+        "from_file": lambda p: p["graph_module"]["graph"]["nodes"][0].update(
+            target="torch.ops.aten.from_file.default"),
+        # guard code is Python source that torch would run on load
+        "guards": lambda p: p.update(guards_code=[f"__import__('os').system('touch {marker}')"]),
+        # a symbolic size is parsed by sympy, whose parser evaluates strings
+        "symbolic": lambda p: p["graph_module"]["graph"]["nodes"][0]["inputs"].append(
+            {"name": "x", "arg": {"as_sym_int": {"as_expr": {
+                "expr_str": f"__import__('os').system('touch {marker}')"}}}}),
+    }
+    for name, attack in attacks.items():
+        program = json.loads(pristine)
+        attack(program)
+        program_path.write_text(json.dumps(program))
+        result = tmp_path / f"{name}.json"
+        scored = evaluate(work, out, result)
+        assert scored.returncode != 0, name
+        assert "cannot be evaluated safely" in json.loads(result.read_text())["refused"], name
+        assert not marker.exists(), name
+    shutil.rmtree(out / "model")
+    scored = evaluate(work, out, tmp_path / "none.json")
+    assert "saved no model" in json.loads((tmp_path / "none.json").read_text())["refused"]
+
+
+def test_the_step_bounded_demo_is_reproducible_through_the_separate_evaluation(tmp_path, monkeypatch):
+    """scripts/demo.sh's path (the mutate researcher, step-bounded), twice from scratch: same ledger."""
+    from click.testing import CliRunner
+
+    from harness import ledger
+    from harness.cli import main
+    from harness.initrepo import init_example
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    ledgers = []
+    for k in range(2):
+        repo = init_example(tmp_path / f"demo{k}")
+        result = CliRunner().invoke(main, ["run", "--repo", str(repo), "--agent", "mutate", "--iterations", "2",
+                                           "--max-steps", "5", "--baseline-runs", "1", "--tag", "demo"],
+                                    catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        rows = ledger.read_rows(repo / "runs" / "demo" / "results.tsv")
+        ledgers.append([(r["status"], r["metric"], r["description"], r["sealed"]) for r in rows])
+    assert ledgers[0] == ledgers[1]
+    assert len(ledgers[0]) == 3 and all(sealed == "yes" for *_, sealed in ledgers[0])
