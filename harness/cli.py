@@ -74,6 +74,12 @@ def run_options(fn):
                      help="Log every experiment to MLflow (default URI sqlite:///runs/mlflow.db; see docs/tracking.md)."),
         click.option("--force", is_flag=True, default=None, help="Resume even if the model, backend, base URL or key changed."),
         click.option("--resume", is_flag=True, help="Continue the run with this tag."),
+        click.option("--executor", type=click.Choice(["local", "ray"]), default=None,
+                     help="Where training jobs run: this machine (local) or a Ray cluster (docs/ray.md)."),
+        click.option("--ray-address", default=None, help="ray: the cluster's address (default $RAY_ADDRESS, else auto)."),
+        click.option("--job-resources", default=None, metavar="JSON",
+                     help='ray: resources per job, e.g. \'{"GPU": 1}\' (default) or \'{"CPU": 1}\'.'),
+        click.option("--slots", type=int, default=None, help="ray: jobs at once (default: what the cluster holds)."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)

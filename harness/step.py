@@ -238,7 +238,7 @@ class Candidate:
                    wall_s=round(time.monotonic() - self.t0, 3), input_tokens=usage.input_tokens,
                    cached_tokens=usage.cached_tokens, output_tokens=usage.output_tokens,
                    cost_usd=self.cost_usd, retries=self.proposal.retries, log=rel(cfg, log),
-                   sealed=seal.cell(result))
+                   sealed=seal.cell(result), node=result.node if result else "")
 
 
 def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str,
@@ -437,4 +437,4 @@ def repeat_row(cfg: RunConfig, result: TrainResult, candidate: int, commit: str,
                iteration=candidate, arm=cfg.arm, agent=agent, model=model or "",
                memory_gb=memory_gb(result), started_at=now_iso(), train_s=round(result.train_s, 3),
                wall_s=round(result.train_s, 3), seed=seed, candidate=candidate, log=rel(cfg, log),
-               sealed=seal.cell(result))
+               sealed=seal.cell(result), node=result.node)

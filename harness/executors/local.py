@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import collections
 import os
+import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import guard, seal, track
@@ -44,7 +45,8 @@ def train_once(cfg: RunConfig, worktree: Path, log_path: Path, seed: int, gpu: s
                               kill_after_s=cfg.kill_after, stall_after_s=cfg.stall_after_min * 60,
                               pass_fds=ch.fds, cancel=cancel)
     result = seal.judge(result, result_file, ch.key, cfg.metric, cfg.time_budget)
-    return guard.after_training(cfg.run_dir, worktree, cfg.protected, result)
+    result = guard.after_training(cfg.run_dir, worktree, cfg.protected, result)
+    return replace(result, node=result.node or socket.gethostname())  # the ledger's node column
 
 
 @dataclass

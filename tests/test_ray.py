@@ -1,0 +1,176 @@
+"""The Ray executor on a real local Ray cluster: `harness run --executor ray` as a user runs it.
+
+The fixture starts one real Ray head node (`ray start --head --block`, 2 CPUs, no dashboard,
+no usage statistics) in a private temp dir and stops it, and everything it started, afterwards.
+Jobs ask for {"CPU": 1}: two slots.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+ray = pytest.importorskip("ray", reason="ray is not installed: pip install -e '.[ray]'")
+
+from harness import ledger, supervise  # noqa: E402
+from harness.cli import main  # noqa: E402
+
+from conftest import ROOT, git, make_repo, set_globals, FAKE_TRAIN  # noqa: E402
+
+START_TIMEOUT_S = 90  # a loaded 2-core machine: the head node needs a few seconds, give it many
+CPU_JOB = '{"CPU": 1}'
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(address: str, env: dict[str, str], deadline: float) -> None:
+    probe = ("import ray, time\nray.init(address=%r, log_to_driver=False)\n"
+             "while ray.cluster_resources().get('CPU', 0) < 2: time.sleep(0.2)\n") % address
+    left = max(1.0, deadline - time.monotonic())
+    subprocess.run([sys.executable, "-c", probe], env=env, check=True, timeout=left, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    temp = Path(tmp_path_factory.mktemp("ray"))
+    short = Path("/tmp") / f"rt-{uuid.uuid4().hex[:8]}"  # Ray's socket paths must stay short
+    short.symlink_to(temp)
+    port = free_port()
+    token = uuid.uuid4().hex  # every process the head starts inherits it: all found at teardown
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT),
+           supervise.TOKEN_VAR: token, "HARNESS_RAY_WORK_DIR": str(temp / "work")}
+    argv = ["ray", "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
+            "--num-cpus", "2", "--num-gpus", "0", "--include-dashboard=false", "--disable-usage-stats",
+            "--temp-dir", str(short)]
+    t0 = time.monotonic()
+    head = subprocess.Popen(argv, env=env, stdout=open(temp / "head.log", "wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    address = f"127.0.0.1:{port}"
+    try:
+        wait_ready(address, env, t0 + START_TIMEOUT_S)
+    except BaseException:
+        _stop(head, token)
+        raise
+    start_s = time.monotonic() - t0
+    yield {"address": address, "start_s": start_s, "work": temp / "work", "token": token}
+    _stop(head, token)
+    short.unlink(missing_ok=True)
+
+
+def _stop(head: subprocess.Popen, token: str) -> None:
+    """The head and everything it started (workers leave its group but keep the token)."""
+    try:
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(timeout=10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    supervise._kill_all(lambda: supervise.members(pgid=head.pid, token=token), grace_s=2.0)
+
+
+def harness(*args: str, expect: int = 0):
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    assert result.exit_code == expect, result.output
+    return result
+
+
+def ray_run(repo: Path, cluster, tag: str, *extra: str, expect: int = 0):
+    return harness("run", "--repo", str(repo), "--tag", tag, "--executor", "ray", "--ray-address",
+                   cluster["address"], "--job-resources", CPU_JOB, "--agent", "mutate",
+                   "--baseline-runs", "1", *extra, expect=expect)
+
+
+def test_run_on_the_cluster(tmp_path: Path, cluster):
+    repo = make_repo(tmp_path / "research")
+    ray_run(repo, cluster, "night", "--iterations", "3")
+    run_dir = repo / "runs" / "night"
+    rows = ledger.read_rows(run_dir / "results.tsv")
+    assert len(rows) == 4 and rows[0]["description"] == "baseline"
+    header = (run_dir / "results.tsv").read_text().split("\n", 1)[0].split("\t")
+    assert header[-1] == "node"
+    host = socket.gethostname()
+    assert all(r["node"] and r["node"].startswith(host + "/") for r in rows)
+    for r in rows:  # each log streamed back into the run's logs/ as in a local run
+        log = run_dir / r["log"]
+        assert log.parent == run_dir / "logs" and "fake training" in log.read_text()
+    best = ledger.best_row(rows)
+    assert git(repo, "rev-parse", "autoresearch/night").startswith(best["commit"])
+    assert not list((run_dir / "ray-tasks").glob("*.json"))  # no task left recorded
+    assert not list((cluster["work"] / "jobs").glob("*"))  # every job's folder removed on the worker
+
+
+def test_killed_worker_is_retried_once(tmp_path: Path, cluster):
+    repo = make_repo(tmp_path / "research", set_globals(FAKE_TRAIN, SLEEP_S=4.0))
+    tasks = repo / "runs" / "kill" / "ray-tasks"
+    killed: list[int] = []
+
+    def kill_first_job():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            for path in tasks.glob("*.json") if tasks.exists() else []:
+                try:
+                    pid = json.loads(path.read_text()).get("pid")
+                except ValueError:
+                    continue
+                if pid:
+                    time.sleep(1.0)  # mid-job: the fake trainer sleeps 4 s
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                    return
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_first_job, daemon=True)
+    killer.start()
+    ray_run(repo, cluster, "kill", "--iterations", "1")
+    killer.join(5)
+    assert killed, "the worker's pid never appeared under ray-tasks/"
+    run_dir = repo / "runs" / "kill"
+    rows = ledger.read_rows(run_dir / "results.tsv")
+    assert [r["status"] for r in rows][0] == "keep" and len(rows) == 2  # the baseline trained on the retry
+    events = [json.loads(line) for line in (run_dir / "events.log").read_text().splitlines()]
+    infra = [e for e in events if e["kind"] == "infrastructure"]
+    assert len(infra) == 1 and "retrying" in infra[0]["message"]
+    # The killed worker's training process was stopped on the node, not left running.
+    assert not list((cluster["work"] / "jobs").glob("*"))
+    assert not processes_under(cluster["work"])
+
+
+def processes_under(folder: Path) -> list[int]:
+    """Processes whose working directory is inside folder (a training job left behind)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and str(folder) in os.readlink(entry / "cwd"):
+                out.append(int(entry.name))
+        except OSError:
+            continue
+    return out
+
+
+def test_unreachable_cluster_is_a_clear_error(tmp_path: Path):
+    repo = make_repo(tmp_path / "research")
+    address = f"127.0.0.1:{free_port()}"
+    result = harness("run", "--repo", str(repo), "--tag", "x", "--executor", "ray", "--ray-address", address,
+                     "--job-resources", CPU_JOB, "--agent", "mutate", "--iterations", "1", expect=1)
+    assert address in result.output and "cannot be reached" in result.output
+    assert not (repo / "runs" / "x" / "results.tsv").exists()
+
+
+def test_bad_job_resources_is_a_clear_error(tmp_path: Path):
+    repo = make_repo(tmp_path / "research")
+    result = harness("run", "--repo", str(repo), "--tag", "x", "--executor", "ray", "--job-resources", "GPU=1",
+                     "--agent", "mutate", "--iterations", "1", expect=1)
+    assert "job_resources" in result.output and '{"GPU": 1}' in result.output
