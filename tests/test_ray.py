@@ -174,3 +174,40 @@ def test_bad_job_resources_is_a_clear_error(tmp_path: Path):
     result = harness("run", "--repo", str(repo), "--tag", "x", "--executor", "ray", "--job-resources", "GPU=1",
                      "--agent", "mutate", "--iterations", "1", expect=1)
     assert "job_resources" in result.output and '{"GPU": 1}' in result.output
+
+
+SETUP = '''import sys
+EVAL_BYTES = 1000
+if __name__ == "__main__":  # the node's set-up: count the runs, fail when asked
+    open(sys.argv[1], "a").write("x")
+    if sys.argv[2:] == ["fail"]:
+        print("the data download failed (simulated)")
+        sys.exit(3)
+'''
+
+
+def setup_repo(path: Path, count: Path, fail: bool = False) -> Path:
+    extra = f'setup_command = "{sys.executable} prepare.py {count}{" fail" if fail else ""}"\n'
+    repo = make_repo(path, extra=extra)
+    (repo / "prepare.py").write_text(SETUP)
+    git(repo, "commit", "-qam", "prepare.py sets the node up")
+    return repo
+
+
+def test_setup_command_runs_once_per_node(tmp_path: Path, cluster):
+    count = tmp_path / "setups"
+    repo = setup_repo(tmp_path / "research", count)
+    ray_run(repo, cluster, "setup", "--iterations", "2")
+    rows = ledger.read_rows(repo / "runs" / "setup" / "results.tsv")
+    assert len(rows) == 3 and rows[0]["status"] == "keep"
+    assert count.read_text() == "x"  # one node: set up once for three jobs
+
+
+def test_failed_setup_marks_the_node_not_the_candidate(tmp_path: Path, cluster):
+    count = tmp_path / "setups"
+    repo = setup_repo(tmp_path / "research", count, fail=True)
+    result = ray_run(repo, cluster, "nosetup", "--iterations", "1", expect=1)
+    out = " ".join(result.output.split())
+    assert "infrastructure: setup_command" in out and "exit code 3" in out and "download failed" in out, out
+    assert "no usable node" in out  # the retry did not run the set-up again on that node
+    assert count.read_text() == "x"

@@ -71,9 +71,9 @@ def unpack(archive: bytes, tree: Path) -> dict[str, bytes]:
     return files
 
 
-def setup_once(command: str, tree: Path, timeout_s: float) -> str | None:
-    """Run the node's setup command once (across the node's workers); the reason it failed, or None."""
-    key = hashlib.sha256(command.encode()).hexdigest()[:16]
+def setup_once(command: str, tree: Path, timeout_s: float, run: str) -> str | None:
+    """Run the run's setup command once on this node (across its workers); the reason it failed, or None."""
+    key = hashlib.sha256(f"{run}\0{command}".encode()).hexdigest()[:16]
     root = work_root() / "setup"
     root.mkdir(parents=True, exist_ok=True)
     marker = root / f"{key}.json"
@@ -121,7 +121,7 @@ def run_job(archive: Any, cfg: RunConfig, spec: dict[str, Any]) -> Iterator[tupl
         tree = folder / "tree"
         pristine = unpack(archive, tree)
         if cfg.setup_command:
-            reason = setup_once(cfg.setup_command, tree, cfg.setup_timeout)
+            reason = setup_once(cfg.setup_command, tree, cfg.setup_timeout, str(cfg.run_dir))
             if reason:
                 yield ("unusable", reason)
                 return
