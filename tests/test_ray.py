@@ -211,3 +211,85 @@ def test_failed_setup_marks_the_node_not_the_candidate(tmp_path: Path, cluster):
     assert "infrastructure: setup_command" in out and "exit code 3" in out and "download failed" in out, out
     assert "no usable node" in out  # the retry did not run the set-up again on that node
     assert count.read_text() == "x"
+
+
+def wait_for(what, timeout_s: float = 120.0, poll_s: float = 0.1):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = what()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def task_pid(tasks: Path) -> int | None:
+    for path in tasks.glob("*.json") if tasks.exists() else []:
+        try:
+            pid = json.loads(path.read_text()).get("pid")
+        except ValueError:
+            continue
+        if pid:
+            return pid
+    return None
+
+
+def test_cancel_stops_the_running_task(tmp_path: Path, cluster):
+    from harness import config
+    from harness.executors import Job, make_executor
+    repo = make_repo(tmp_path / "research", set_globals(FAKE_TRAIN, MODE="hang"))
+    cfg = config.resolve(repo, "cancel", {"executor": "ray", "ray_address": cluster["address"],
+                                          "job_resources": CPU_JOB})
+    executor = make_executor(cfg, repo, cfg.run_dir)
+    try:
+        assert executor.slots() == 2  # 2 CPUs, {"CPU": 1} a job
+        job = Job(cfg, git(repo, "rev-parse", "HEAD"), 1, cfg.logs_dir / "hang.log")
+        future = executor.submit(job)
+        wait_for(lambda: job.log_path.exists() and "fake training" in job.log_path.read_text())  # streamed
+        assert processes_under(cluster["work"])
+        future.cancel()
+        with pytest.raises(KeyboardInterrupt):
+            future.result(timeout=90)
+        wait_for(lambda: not processes_under(cluster["work"]), timeout_s=30)
+        assert not list((cfg.run_dir / "ray-tasks").glob("*.json"))
+    finally:
+        executor.close()
+
+
+def test_killed_supervisor_leaves_no_task_after_resume(tmp_path: Path, cluster):
+    flag = tmp_path / "hold"  # while it exists, the job waits: a job that is mid-way when the supervisor dies
+    source = f"import os as _os, time as _time\nwhile _os.path.exists({str(flag)!r}):\n    _time.sleep(0.1)\n"
+    repo = make_repo(tmp_path / "research", source + FAKE_TRAIN)
+    flag.touch()
+    argv = [sys.executable, "-m", "harness", "run", "--repo", str(repo), "--tag", "r", "--executor", "ray",
+            "--ray-address", cluster["address"], "--job-resources", CPU_JOB, "--agent", "mutate",
+            "--baseline-runs", "1", "--iterations", "2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    first = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    run_dir = repo / "runs" / "r"
+    worker = wait_for(lambda: task_pid(run_dir / "ray-tasks"))
+    orphans = wait_for(lambda: processes_under(cluster["work"]))
+    # The supervisor and the Ray worker die at once (a killed worker cannot stop its job itself;
+    # a worker that Ray stops because its driver died does: both are covered).
+    os.killpg(first.pid, signal.SIGKILL)
+    os.kill(worker, signal.SIGKILL)
+    first.wait(timeout=30)
+    time.sleep(1.0)
+    assert any(supervise.alive(p) for p in orphans)  # the job outlived its supervisor
+    assert list((run_dir / "ray-tasks").glob("*.json"))  # and its task is on record
+    second = subprocess.Popen([*argv, "--resume"], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        events = run_dir / "events.log"
+        wait_for(lambda: events.exists() and "ray_tasks_cancelled" in events.read_text())
+        assert not any(supervise.alive(p) for p in orphans)  # stopped on the node before anything trained
+        flag.unlink()
+        _, err = second.communicate(timeout=120)
+        assert second.returncode == 0, err.decode()
+    finally:
+        if second.poll() is None:
+            os.killpg(second.pid, signal.SIGKILL)
+    rows = ledger.read_rows(run_dir / "results.tsv")
+    assert [r["iteration"] for r in rows] == [0, 1, 2]  # every experiment once
+    assert not list((run_dir / "ray-tasks").glob("*.json"))
