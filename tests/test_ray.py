@@ -291,5 +291,5 @@ def test_killed_supervisor_leaves_no_task_after_resume(tmp_path: Path, cluster):
         if second.poll() is None:
             os.killpg(second.pid, signal.SIGKILL)
     rows = ledger.read_rows(run_dir / "results.tsv")
-    assert [r["iteration"] for r in rows] == [0, 1, 2]  # every experiment once
+    assert sorted(r["iteration"] for r in rows) == [0, 1, 2]  # every experiment once (two lanes: any order)
     assert not list((run_dir / "ray-tasks").glob("*.json"))
