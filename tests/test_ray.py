@@ -293,3 +293,37 @@ def test_killed_supervisor_leaves_no_task_after_resume(tmp_path: Path, cluster):
     rows = ledger.read_rows(run_dir / "results.tsv")
     assert sorted(r["iteration"] for r in rows) == [0, 1, 2]  # every experiment once (two lanes: any order)
     assert not list((run_dir / "ray-tasks").glob("*.json"))
+
+
+def test_a_job_lost_twice_is_an_infrastructure_crash(tmp_path: Path, cluster):
+    from harness import health
+    repo = make_repo(tmp_path / "research", set_globals(FAKE_TRAIN, SLEEP_S=3.0))
+    tasks = repo / "runs" / "lost" / "ray-tasks"
+    killed: list[str] = []
+
+    def kill_iteration_one():  # both attempts of iteration 1's job: its worker SIGKILLed mid-job
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and len(killed) < 2:
+            for path in tasks.glob("*.json") if tasks.exists() else []:
+                try:
+                    record = json.loads(path.read_text())
+                except ValueError:
+                    continue
+                if record.get("job") == "iter-0001" and record.get("pid") and record["token"] not in killed:
+                    time.sleep(0.5)
+                    os.kill(record["pid"], signal.SIGKILL)
+                    killed.append(record["token"])
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_iteration_one, daemon=True)
+    killer.start()
+    ray_run(repo, cluster, "lost", "--iterations", "2")
+    killer.join(5)
+    assert len(killed) == 2
+    rows = ledger.read_rows(repo / "runs" / "lost" / "results.tsv")
+    by_iter = {r["iteration"]: r for r in rows}
+    lost = by_iter[1]
+    assert lost["status"] == "crash" and "[infrastructure: WorkerCrashedError" in lost["description"]
+    assert "; then WorkerCrashedError" in lost["description"]  # retried once, then recorded
+    assert by_iter[2]["status"] in ("keep", "discard")  # the night went on
+    assert lost not in health.candidates(rows)  # not held against the researcher
