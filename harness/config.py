@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import re
 import sys
 from dataclasses import dataclass, field
@@ -56,6 +57,12 @@ WORKLOAD_DEFAULTS: dict[str, Any] = {
     "network": False,  # let sandboxed jobs reach the network
     "evaluate_command": None,  # the metric from this command, run after the job from the baseline's files
     "train_data_command": None,  # writes the training split for the job (HARNESS_OUTPUT_DIR); the data is hidden
+    "executor": "local",  # where training jobs run: local (this machine's GPUs) | ray (a Ray cluster)
+    "ray_address": None,  # the Ray cluster; None = $RAY_ADDRESS, else "auto"
+    "job_resources": None,  # Ray resources per job, e.g. {"GPU": 1} (the default) or {"CPU": 1}
+    "slots": None,  # jobs at once on the cluster; None = what its resources hold
+    "setup_command": None,  # run once per node before its first job (Ray), e.g. "python prepare.py"
+    "setup_timeout": 3600,  # s, the setup command's hard limit
 }
 
 RENAMED = {"stall_after": "stall_after_min"}
@@ -63,6 +70,7 @@ TRACKERS = ("mlflow",)
 # Researcher settings a repo's file may give too; they join agent_options (the CLI's flags win).
 # A file's setting that does not apply to the chosen backend is left out, not an error.
 AGENT_FILE_KEYS = {"base_url": "base_url", "agent_executable": "executable", "agent_args": "agent_args"}
+EXECUTORS = ("local", "ray")
 
 TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
@@ -145,6 +153,8 @@ def _check_value(key: str, value: Any) -> Any:
         want(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
              "a non-negative number of seconds")
         return float(value)
+    if key in ("executor", "ray_address", "job_resources", "slots", "setup_command", "setup_timeout"):
+        return _check_executor_value(key, value, want)
     if key == "on_unhealthy":
         want(value in ("stop", "continue"), "'stop' or 'continue'")
         return value
@@ -156,6 +166,31 @@ def _check_value(key: str, value: Any) -> Any:
         return tuple(value)
     known = sorted([*WORKLOAD_DEFAULTS, *AGENT_FILE_KEYS])
     raise ConfigError(f"unknown config key {key!r}; known keys: {', '.join(known)}")
+
+
+def _check_executor_value(key: str, value: Any, want) -> Any:
+    if key == "executor":
+        want(value in EXECUTORS, f"one of {', '.join(EXECUTORS)}")
+        return value
+    if key in ("ray_address", "setup_command"):
+        want(value is None or (isinstance(value, str) and value.strip() != ""), "a non-empty string")
+        return value
+    if key == "job_resources":
+        if isinstance(value, str):  # --job-resources '{"GPU": 1}'
+            try:
+                value = json.loads(value)
+            except ValueError:
+                want(False, 'a JSON object of resource amounts, e.g. {"GPU": 1} or {"CPU": 1}')
+        want(value is None or (isinstance(value, dict) and value and all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+            for k, v in value.items())), 'resource amounts > 0 by name, e.g. {"GPU": 1} or {"CPU": 1}')
+        return None if value is None else {k: float(v) for k, v in value.items()}
+    if key == "slots":
+        want(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
+             "an integer >= 1")
+        return value
+    want(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0, "a positive number of seconds")
+    return float(value)
 
 
 def read_repo_settings(repo: Path) -> tuple[dict[str, Any], Path | None]:
@@ -229,6 +264,12 @@ class RunConfig:
     network: bool = False
     evaluate_command: str | None = None
     train_data_command: str | None = None
+    executor: str = "local"  # see WORKLOAD_DEFAULTS (executors/)
+    ray_address: str | None = None
+    job_resources: dict[str, float] | None = None
+    slots: int | None = None
+    setup_command: str | None = None
+    setup_timeout: float = 3600.0  # s
 
     @property
     def branch(self) -> str:
@@ -308,6 +349,9 @@ def resolve(repo: Path, tag: str, overrides: dict[str, Any]) -> RunConfig:
                           "(or run without --track; `harness track RUN_DIR` can log the run later)")
     if file_agent:
         extra["agent_options"] = _with_file_agent(file_agent, merged["agent"], extra.get("agent_options"))
+    if merged["executor"] == "ray" and importlib.util.find_spec("ray") is None:
+        raise ConfigError("--executor ray needs the ray package: pip install 'autoresearch-harness[ray]' "
+                          "(or run with --executor local)")
     if merged["kill_after"] is None:
         merged["kill_after"] = 2 * merged["time_budget"] + 120
     for key in ("editable", "protected"):

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 
 from . import decide, events, faults, health, ledger, recovery, runs, stops, supervise
 from .config import RunConfig
-from .executors import LocalExecutor
+from .executors import Executor, make_executor
 from .gitgate import GitGate
 from .ledger import Row
 from .runs import Progress, Summary
@@ -135,7 +135,7 @@ class RunDriver:
     """One run's lanes, best, ledger and stop policy."""
 
     def __init__(self, cfg: RunConfig, researcher: Any, resume: bool, progress: Progress,
-                 n_lanes: int, pipelined: bool, cancel: threading.Event, steps: int | None = None):
+                 n_lanes: int | None, pipelined: bool, cancel: threading.Event, steps: int | None = None):
         self.cfg, self.researcher, self.resume = cfg, researcher, resume
         self.progress_fn = progress
         self.n_lanes, self.pipelined, self.cancel = n_lanes, pipelined, cancel
@@ -173,7 +173,7 @@ class RunDriver:
         self.policy = stops.StopPolicy(cfg, rows, stops.RunClock(cfg.run_dir))
         gate = GitGate(cfg.repo)
         guarded = Guarded(self.researcher, self)
-        for i in range(self.n_lanes):
+        for i in range(self.n_lanes or executor.slots()):  # None: one lane per executor slot (Ray)
             slots = []
             for s in "ab"[: 2 if self.pipelined else 1]:
                 wt = gate.detached_worktree(cfg.run_dir / "lanes" / f"{i}{s}", self.state.best_commit)
@@ -514,7 +514,7 @@ def run_all(folder: Path, repo: Path, runs_: list[RunDriver], gpus: tuple[str, .
     The signal handlers cover the whole of it, clean-up included: a signal during the clean-up
     (a closed terminal sends SIGHUP twice) is noted, never lets the process die half-way."""
     interrupted: Interrupted | None = None
-    executor: LocalExecutor | None = None
+    executor: Any = None
     with interrupts() as seen:
         with contextlib.ExitStack() as held:
             try:
@@ -524,7 +524,7 @@ def run_all(folder: Path, repo: Path, runs_: list[RunDriver], gpus: tuple[str, .
                     on_locked()
                 recovery.on_resume(folder)  # processes an earlier supervisor of this run left behind
                 held.enter_context(supervise.active(folder))
-                executor = LocalExecutor(repo, folder / "slots", gpus)
+                executor = make_executor(runs_[0].cfg, repo, folder, gpus)
                 held.callback(executor.close)
                 drive(runs_, executor, schedule)
             except KeyboardInterrupt as e:
@@ -547,7 +547,7 @@ def run_all(folder: Path, repo: Path, runs_: list[RunDriver], gpus: tuple[str, .
     return summaries, interrupted
 
 
-def drive(runs_: list[RunDriver], executor: LocalExecutor, schedule: str) -> None:
+def drive(runs_: list[RunDriver], executor: Executor, schedule: str) -> None:
     for r in runs_:
         r.open_run(executor)
     groups = [[r] for r in runs_] if schedule == "sequential" else [runs_]
@@ -567,7 +567,7 @@ def drive(runs_: list[RunDriver], executor: LocalExecutor, schedule: str) -> Non
             raise errors[0]
 
 
-def stop(runs_: list[RunDriver], executor: LocalExecutor | None) -> None:
+def stop(runs_: list[RunDriver], executor: Executor | None) -> None:
     """Every run's lanes told to stop, training jobs killed, researchers killed, threads joined."""
     for r in runs_:
         r.abort(None)
@@ -583,7 +583,8 @@ def single(cfg: RunConfig, researcher: Any, resume: bool, progress: Progress, pi
            steps: int | None = None) -> tuple[Summary, Interrupted | None]:
     """`harness run` / `harness step`: one run, one lane per GPU."""
     gpus = tuple(cfg.gpus)
-    run = RunDriver(cfg, researcher, resume, safe(progress), max(1, len(gpus)), pipelined,
+    lanes = max(1, len(gpus)) if cfg.executor == "local" else None  # Ray: as many as the cluster's slots
+    run = RunDriver(cfg, researcher, resume, safe(progress), lanes, pipelined,
                     threading.Event(), steps=steps)
     summaries, interrupted = run_all(cfg.run_dir, cfg.repo, [run], gpus)
     return summaries[0], interrupted

@@ -23,3 +23,7 @@ class LedgerError(HarnessError):
 
 class TrackError(HarnessError):
     """The experiment tracker cannot be used (not installed, unreachable, or the run is not one)."""
+
+
+class ClusterError(HarnessError):
+    """The training cluster (--executor ray) cannot be reached or cannot run a job."""

@@ -31,6 +31,7 @@ DRIFT_Z = 3.0  # noise standard deviations a re-run of the best may move
 DRIFT_REL = 0.02  # relative tolerance when the noise is unknown
 HEALTH_SEED_OFFSET = 1000  # re-runs of the best use seeds no candidate uses
 REBASE_CONFLICT = "after rebase:"  # in the rows of proposals that conflict with a newer best
+INFRASTRUCTURE = "[infrastructure:"  # a job the cluster lost twice (executors/ray_executor.py): not the proposal's fault
 
 
 def reason_of(description: str) -> str:
@@ -54,9 +55,10 @@ def diagnose(rows: list[dict[str, Any]]) -> str:
 
 def candidates(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows that judge the researcher: not repeats, budget stops, or proposals another lane's keep
-    made stale (a rebase conflict is the scheduler's doing, not a broken rule)."""
+    made stale (a rebase conflict is the scheduler's doing, not a broken rule), nor jobs the cluster lost."""
     return [r for r in rows if (r.get("iteration") or 0) > 0 and r.get("status") not in ("repeat", "budget")
-            and REBASE_CONFLICT not in (r.get("description") or "")]
+            and REBASE_CONFLICT not in (r.get("description") or "")
+            and INFRASTRUCTURE not in (r.get("description") or "")]
 
 
 class Monitor:

@@ -28,6 +28,7 @@ TAIL_COLUMNS = (
     "seed", "candidate", "runs", "mean", "sigma",
     "sealed",
     "lane",
+    "node",
 )
 NUMERIC = {"memory_gb", "iteration", "best_before", "delta", "agent_s", "train_s", "wall_s",
            "input_tokens", "cached_tokens", "output_tokens", "cost_usd", "retries",
@@ -77,6 +78,7 @@ class Row:
     sigma: float | None = None  # the noise floor at decision time
     sealed: str = ""  # yes: the metric came from a verified sealed result; no: from stdout; "": no training
     lane: int | None = None  # the lane (one per GPU) that trained it; None outside the lane scheduler
+    node: str = ""  # the machine that trained it (local: the hostname; Ray: host/node id); "": no training
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

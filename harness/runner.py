@@ -32,6 +32,7 @@ class TrainResult:
     returncode: int | None = None
     reason: str = ""
     sealed: bool | None = None  # True: figures from a verified sealed result; False: from stdout
+    node: str = ""  # the machine that trained it (executors fill it in)
 
     def value(self, metric: str) -> float | None:
         v = self.metrics.get(metric)

@@ -183,7 +183,7 @@ def baseline(ctx: Context, state: RunState, progress: Progress) -> None:
               model=model, started_at=started_at, train_s=round(result.train_s, 3),
               wall_s=round(time.monotonic() - t0, 3), log=rel(cfg, log), seed=cfg.seed,
               runs=len(values), mean=statistics.fmean(values) if len(values) > 1 else None, sigma=sigma,
-              sealed=seal.cell(result))
+              sealed=seal.cell(result), node=result.node)
     for r in (row, *repeats):
         ledger.append(cfg.ledger_path, cfg.metric, r)
     if status != "keep":

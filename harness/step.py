@@ -241,7 +241,7 @@ class Candidate:
                    wall_s=round(time.monotonic() - self.t0, 3), input_tokens=tokens_in,
                    cached_tokens=cached, output_tokens=tokens_out,
                    cost_usd=self.cost_usd, retries=self.proposal.retries, log=rel(cfg, log),
-                   sealed=seal.cell(result))
+                   sealed=seal.cell(result), node=result.node if result else "")
 
 
 def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str,
@@ -439,4 +439,4 @@ def repeat_row(cfg: RunConfig, result: TrainResult, candidate: int, commit: str,
                iteration=candidate, arm=cfg.arm, agent=agent, model=model or "",
                memory_gb=memory_gb(result), started_at=now_iso(), train_s=round(result.train_s, 3),
                wall_s=round(result.train_s, 3), seed=seed, candidate=candidate, log=rel(cfg, log),
-               sealed=seal.cell(result))
+               sealed=seal.cell(result), node=result.node)

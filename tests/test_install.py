@@ -19,7 +19,7 @@ import pytest
 
 from conftest import ROOT, make_repo
 
-HEAVY = ("torch", "pandas", "matplotlib", "mlflow")  # never pulled by `pip install autoresearch-harness`
+HEAVY = ("torch", "pandas", "matplotlib", "mlflow", "ray")  # never pulled by `pip install autoresearch-harness`
 
 
 def requirement_name(line: str) -> str:
@@ -52,8 +52,9 @@ def test_core_install_carries_only_what_the_supervisor_imports(wheel_metadata):
     assert not set(HEAVY) & set(core), core
     assert "torch" in wheel_metadata["workload"]
     assert "matplotlib" in wheel_metadata["report"] and "mlflow" in wheel_metadata["track"]
+    assert "ray" in wheel_metadata["ray"]  # --executor ray
     # The test extra installs everything the suite imports.
-    assert {"pytest", "torch", "pyarrow", "matplotlib", "mlflow", "hatchling"} <= set(wheel_metadata["test"])
+    assert {"pytest", "torch", "pyarrow", "matplotlib", "mlflow", "hatchling", "ray"} <= set(wheel_metadata["test"])
 
 
 def shadow(tmp_path: Path) -> Path:
@@ -85,6 +86,14 @@ def test_the_supervisor_never_imports_torch(tmp_path: Path):
     report = harness("report", "runs/light")
     assert (repo / "runs/light/report.html").exists()
     assert "No plots: install matplotlib" in (repo / "runs/light/report.md").read_text() + report.stdout
+
+    # The node column is the machine's name on a local run.
+    assert (repo / "runs/light/results.tsv").read_text().split("\n", 1)[0].endswith("\tnode")
+    # --executor ray without ray: a clear error that names the extra, nothing started.
+    asked = subprocess.run([sys.executable, "-m", "harness", "run", "--executor", "ray", "--agent", "mutate",
+                            "--tag", "noray"], cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert asked.returncode == 1 and "autoresearch-harness[ray]" in asked.stderr, asked.stderr
+    assert not (repo / "runs/noray/results.tsv").exists()
 
 
 def fake_interpreter(tmp_path: Path, torch_version: str | None) -> Path:

@@ -9,8 +9,9 @@ checked after, the seal channel, the process under the run's supervisor and the 
 from __future__ import annotations
 
 import collections
+import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import track
@@ -27,8 +28,9 @@ def train_once(cfg: RunConfig, worktree: Path, log_path: Path, seed: int, gpu: s
     """Train the code in worktree once under the hard deadline (cancel set = KeyboardInterrupt):
     sandboxed, timed by the harness, protected files checked before and after, the metric from the
     workload's separate evaluation when it has one (evaluation.py)."""
-    return evaluation.train(cfg, worktree, log_path, seed, cancel=cancel, gpu=gpu,
-                            job_env=track.job_env(cfg, iteration, commit))
+    result = evaluation.train(cfg, worktree, log_path, seed, cancel=cancel, gpu=gpu,
+                              job_env=track.job_env(cfg, iteration, commit))
+    return replace(result, node=result.node or socket.gethostname())  # the ledger's node column
 
 
 @dataclass

@@ -1,0 +1,334 @@
+"""The Ray executor: each training job is one Ray task, anywhere in a Ray cluster.
+
+The supervisor, the researchers, git, the ledger and every decision stay on this machine; only
+training moves. A job travels as code: a `git archive` of the commit's editable and protected
+files, put in Ray's object store and unpacked on the worker (ray_worker.py), where the local
+executor's `train_once` runs under a supervisor of its own. The log comes back as it is written
+(the task is a streaming generator) into the run's `logs/` path, so `harness status` and the log
+files look as in a local run.
+
+Nodes: each attempt is pinned to one alive node that has the job's resources, the one with the
+fewest of this executor's jobs (nodes that join are used at the next job, nodes that leave are
+dropped); a node whose `setup_command` failed is not used again. Faults: a task killed by Ray
+or a node lost is an infrastructure failure, retried once (on another node when there is one);
+a second failure is a `crash` whose reason starts with "infrastructure:". While a task runs its
+record is on disk under `<folder>/ray-tasks/`; a new executor on the same folder (--resume after
+a killed supervisor) stops what those tasks left running on every node before it starts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from .. import events
+from ..errors import ClusterError
+from ..runner import TrainResult
+from . import ray_worker
+from .ray_cluster import archive, connect, fits, import_ray, ray_options
+from .base import Job, JobFuture
+
+POLL_S = 0.2  # s between checks of a job's cancel flag while its task runs
+GRACEFUL_CANCEL_S = 15.0  # s a cancelled task has to kill its job itself before Ray kills the worker
+DRAIN_S = 10.0  # s to wait for a task's end after its result (it removes its folder)
+REAP_TIMEOUT_S = 60.0  # s for the clean-up task on a node
+ATTEMPTS = 2  # an infrastructure failure is retried once
+
+
+class Infrastructure(Exception):
+    """An attempt failed for reasons of the cluster, not of the candidate."""
+
+    def __init__(self, reason: str, node_id: str | None = None):
+        super().__init__(reason)
+        self.reason, self.node_id = reason, node_id
+
+
+class RayExecutor:
+    def __init__(self, repo: Path, folder: Path, address: str | None = None,
+                 resources: dict[str, float] | None = None, slots: int | None = None):
+        self.ray = import_ray()
+        self.repo, self.folder = Path(repo), Path(folder)
+        self.address = connect(address)
+        self.resources = dict(resources or {"GPU": 1.0})
+        self.tasks_dir = self.folder / "ray-tasks"
+        self.run_job = self.ray.remote(ray_worker.run_job)
+        self.reaper = self.ray.remote(ray_worker.reap)
+        self.cancel_leftovers()
+        total = fits(self.ray.cluster_resources(), self.resources)
+        if slots is None and total < 1:
+            raise ClusterError(f"no job of {json.dumps(self.resources)} fits in the Ray cluster at {self.address} "
+                               f"(it has {self._summary()}); pass --job-resources, or add nodes")
+        self.count = slots or total
+        self.cond = threading.Condition()
+        self.running: dict[str, int] = {}  # node id -> this executor's jobs there
+        self.busy = 0
+        self.unusable: dict[str, str] = {}  # node id -> why (its setup_command failed)
+        self.futures: set[JobFuture] = set()
+        self.threads: list[threading.Thread] = []
+        self.closed = False
+
+    def _summary(self) -> str:
+        res = self.ray.cluster_resources()
+        return ", ".join(f"{k} {v:g}" for k, v in sorted(res.items()) if k in ("CPU", "GPU")) or "no CPU or GPU"
+
+    def slots(self) -> int:
+        return self.count
+
+    # -- the interface -----------------------------------------------------------------------
+
+    def submit(self, job: Job) -> JobFuture:
+        future = JobFuture(job)
+        with self.cond:
+            if self.closed:
+                future.set_exception(KeyboardInterrupt("the executor is closed"))
+                return future
+            self.futures.add(future)
+        thread = threading.Thread(target=self._work, args=(future,), name=f"ray-{job.name}", daemon=True)
+        self.threads = [t for t in self.threads if t.is_alive()] + [thread]
+        thread.start()
+        return future
+
+    def run(self, job: Job) -> TrainResult:
+        future = self.submit(job)
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            future.cancel()
+            raise
+
+    def close(self) -> None:
+        """Cancel every job (their tasks too), wait for them, disconnect."""
+        with self.cond:
+            self.closed = True
+            for f in self.futures:
+                f.job.cancel.set()
+            self.cond.notify_all()
+        for t in self.threads:
+            t.join()
+        if self.ray.is_initialized():
+            self.ray.shutdown()
+
+    # -- one job -----------------------------------------------------------------------------
+
+    def _take(self, job: Job) -> bool:
+        with self.cond:
+            while self.busy >= self.count:
+                if job.cancel.is_set() or self.closed:
+                    return False
+                self.cond.wait(POLL_S)
+            if job.cancel.is_set() or self.closed:
+                return False
+            self.busy += 1
+            return True
+
+    def _give(self) -> None:
+        with self.cond:
+            self.busy -= 1
+            self.cond.notify_all()
+
+    def _work(self, future: JobFuture) -> None:
+        job = future.job
+        if not self._take(job):
+            if future.set_running_or_notify_cancel():
+                future.set_exception(KeyboardInterrupt("training cancelled"))
+            self._forget(future)
+            return
+        try:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(self._train(job))
+                except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
+                    future.set_exception(e)
+        finally:
+            self._give()
+            self._forget(future)
+
+    def _forget(self, future: JobFuture) -> None:
+        with self.cond:
+            self.futures.discard(future)
+
+    def _train(self, job: Job) -> TrainResult:
+        cfg = job.cfg
+        data = self.ray.put(archive(self.repo, job.commit, (*cfg.editable, *cfg.protected)))
+        ship = _shippable(cfg)
+        tried: list[str] = []
+        reasons: list[str] = []
+        for attempt in range(1, ATTEMPTS + 1):
+            node_id = None
+            try:
+                node_id = self._choose(tried)
+                return self._attempt(job, ship, data, node_id, attempt)
+            except Infrastructure as e:
+                tried.append(e.node_id or node_id or "")
+                reasons.append(e.reason)
+                events.record(cfg.run_dir, "infrastructure", f"{job.name} attempt {attempt}: {e.reason}"
+                              + ("; retrying" if attempt < ATTEMPTS else ""))
+        return TrainResult("crash", reason="infrastructure: " + "; then ".join(reasons))
+
+    def _choose(self, tried: list[str]) -> str | None:
+        """The alive node with the job's resources and the fewest of our jobs (one not tried, if any)."""
+        nodes = [n for n in self.ray.nodes() if n.get("Alive") and fits(n.get("Resources", {}), self.resources) >= 1]
+        usable = [n["NodeID"] for n in nodes if n["NodeID"] not in self.unusable]
+        if not nodes:
+            return None  # Ray schedules it where it can (a node may join); a failure is retried
+        if not usable:
+            raise Infrastructure("no usable node: " + "; ".join(self.unusable.values()))
+        fresh = [n for n in usable if n not in tried] or usable
+        with self.cond:
+            return min(fresh, key=lambda n: (self.running.get(n, 0), fresh.index(n)))
+
+    def _attempt(self, job: Job, cfg_ship: Any, data: Any, node_id: str | None, attempt: int) -> TrainResult:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        token = uuid.uuid4().hex
+        spec = {"token": token, "seed": job.seed, "iteration": job.iteration, "commit": job.commit}
+        opts = ray_options(self.resources)
+        if node_id is not None:
+            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
+        gen = self.run_job.options(num_returns="streaming", max_retries=0, **opts).remote(data, cfg_ship, spec)
+        record = {"token": token, "job": job.name, "attempt": attempt, "node_id": node_id,
+                  "address": self.address, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        self._write_record(record)
+        with self.cond:
+            self.running[node_id or ""] = self.running.get(node_id or "", 0) + 1
+        job.log_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(job.log_path, "wb") as log:
+                return self._follow(job, gen, log, record)
+        finally:
+            with self.cond:
+                self.running[node_id or ""] -= 1
+            (self.tasks_dir / f"{token}.json").unlink(missing_ok=True)
+
+    def _follow(self, job: Job, gen: Any, log: Any, record: dict[str, Any]) -> TrainResult:
+        """Stream the task's log into log until its result; cancel -> the task stopped, KeyboardInterrupt."""
+        ex = self.ray.exceptions
+        while True:
+            if job.cancel.is_set():
+                self._cancel(gen, record)
+                raise KeyboardInterrupt("training cancelled")
+            ready, _ = self.ray.wait([gen], timeout=POLL_S)
+            if not ready:
+                continue
+            try:
+                item = self.ray.get(next(gen))
+            except StopIteration:
+                raise Infrastructure("the task ended without a result", record.get("node_id")) from None
+            except ex.TaskCancelledError:
+                raise Infrastructure("the task was cancelled by Ray", record.get("node_id")) from None
+            except (ex.WorkerCrashedError, ex.NodeDiedError, ex.ObjectLostError, ex.OwnerDiedError,
+                    ex.TaskUnschedulableError, ex.RaySystemError, ex.ActorDiedError) as e:
+                self._reap(record)
+                raise Infrastructure(f"{type(e).__name__}: {_first_line(e)}", record.get("node_id")) from None
+            except ex.RayTaskError as e:  # the worker side failed (git missing, disk full ...)
+                raise Infrastructure(f"the worker failed: {_first_line(e)}", record.get("node_id")) from None
+            kind = item[0]
+            if kind == "started":
+                record.update(item[1])
+                self._write_record(record)
+            elif kind == "log":
+                log.write(item[1])
+                log.flush()
+            elif kind == "unusable":
+                self.unusable[record["node_id"]] = item[1]
+                raise Infrastructure(item[1], record.get("node_id"))
+            elif kind == "result":
+                self._events(job, item[2])
+                self._drain(gen)
+                return item[1]
+
+    def _drain(self, gen: Any) -> None:
+        """Wait (briefly) for the task's own end: its folder on the node is removed by then."""
+        deadline = time.monotonic() + DRAIN_S
+        while time.monotonic() < deadline:
+            ready, _ = self.ray.wait([gen], timeout=POLL_S)
+            if ready:
+                try:
+                    next(gen)
+                except StopIteration:
+                    return
+                except Exception:  # noqa: BLE001 - the result is in hand; the rest is tidying
+                    return
+
+    def _events(self, job: Job, lines: list[str]) -> None:
+        if lines:
+            path = job.cfg.run_dir / events.NAME
+            with open(path, "a", encoding="utf-8") as f:
+                f.write("".join(line + "\n" for line in lines))
+
+    def _cancel(self, gen: Any, record: dict[str, Any]) -> None:
+        """Stop a running task: first by an interrupt (the job kills its own group), then Ray kills the worker."""
+        self.ray.cancel(gen, force=False)
+        deadline = time.monotonic() + GRACEFUL_CANCEL_S
+        while time.monotonic() < deadline:
+            try:
+                ready, _ = self.ray.wait([gen], timeout=POLL_S)
+                if ready:
+                    self.ray.get(next(gen))
+            except StopIteration:
+                return
+            except Exception:  # noqa: BLE001 - cancelled, or gone: either way the task has ended
+                return
+        try:
+            self.ray.cancel(gen, force=True)
+        except Exception:  # noqa: BLE001 - already finished
+            pass
+        self._reap(record)
+
+    # -- on disk: the tasks that run ----------------------------------------------------------
+
+    def _write_record(self, record: dict[str, Any]) -> None:
+        self.tasks_dir.mkdir(parents=True, exist_ok=True)
+        path = self.tasks_dir / f"{record['token']}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+
+    def _reap(self, record: dict[str, Any]) -> None:
+        """What a killed task left on its node (the job's process group): stopped there, if the node lives."""
+        node_id = record.get("node_id")
+        nodes = [n["NodeID"] for n in self.ray.nodes() if n.get("Alive")]
+        targets = [node_id] if node_id in nodes else ([] if node_id else nodes)
+        self._reap_on(targets, [record["token"]])
+
+    def _reap_on(self, node_ids: list[str], tokens: list[str]) -> None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        refs = [self.reaper.options(num_cpus=0, max_retries=0,
+                                    scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(tokens)
+                for n in node_ids]
+        try:
+            self.ray.get(refs, timeout=REAP_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - a node that died meanwhile took its processes with it
+            pass
+
+    def cancel_leftovers(self) -> list[dict[str, Any]]:
+        """Tasks an earlier supervisor of this folder left on disk: their jobs stopped on every node."""
+        records = []
+        for path in sorted(self.tasks_dir.glob("*.json")) if self.tasks_dir.exists() else []:
+            try:
+                records.append(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                pass
+        if records:
+            nodes = [n["NodeID"] for n in self.ray.nodes() if n.get("Alive")]
+            self._reap_on(nodes, [r["token"] for r in records])
+            events.record(self.folder, "ray_tasks_cancelled",
+                          f"{len(records)} Ray task(s) of an earlier supervisor stopped: "
+                          + ", ".join(r.get("job", "?") for r in records))
+        for path in self.tasks_dir.glob("*") if self.tasks_dir.exists() else []:
+            path.unlink(missing_ok=True)
+        return records
+
+
+def _shippable(cfg: Any) -> Any:
+    """The config that travels: nothing of the researcher's (options, keys' names) goes to the worker."""
+    from dataclasses import replace
+    return replace(cfg, agent_options={})
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:300]
