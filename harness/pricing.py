@@ -56,6 +56,7 @@ def _load(user: str | None) -> dict[str, Any]:
                 raise ConfigError(f"price file {user}: [models.\"{name}\"] needs numeric input and "
                                   f"output prices (USD per 1M tokens); cached_input is optional.")
         table.setdefault("aliases", {}).update(extra.get("aliases", {}))
+        table.setdefault("backends", {}).update(extra.get("backends", {}))
         table.setdefault("models", {}).update(extra.get("models", {}))
     return table
 
@@ -82,3 +83,10 @@ def cost_usd(model: str | None, input_tokens: int, cached_tokens: int, output_to
     uncached = max(0, input_tokens - cached_tokens)
     return (uncached * p["input"] + cached_tokens * p.get("cached_input", p["input"])
             + output_tokens * p["output"]) / 1e6
+
+
+def backends_for(model: str | None, path: str | None = None) -> list[str]:
+    """The researcher backends that serve model, in order of preference ([backends]); [] = not listed."""
+    if model is None:
+        return []
+    return list(load_table(path).get("backends", {}).get(resolve_model(model, path), []))

@@ -212,18 +212,17 @@ def test_hours_are_per_arm_and_counted_from_the_ledger(repo: Path):
 def test_cli_ab_then_report(repo: Path):
     runner = CliRunner()
     result = runner.invoke(main, ["ab", "--repo", str(repo), "--tag", "cli", "--agent", "mutate",
-                                  "--model-a", "gpt-5.4", "--model-b", "spark", "--iterations", "2"],
-                           catch_exceptions=False)
+                                  "--iterations", "2"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     run_dir = repo / "runs" / "cli"
     assert result.stdout.strip() == str(run_dir / "report.md")
     setup = json.loads((run_dir / "ab.json").read_text())
-    assert setup["arms"]["a"]["agent"] == "mutate" and setup["arms"]["a"]["model"] == "gpt-5.4"
+    assert setup["arms"]["a"]["agent"] == "mutate" and setup["arms"]["a"]["model"] is None
     (run_dir / "summary.json").unlink()
     result = runner.invoke(main, ["report", str(run_dir)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert [a["label"] for a in summary["arms"]] == ["a", "b"]
+    assert [a["label"] for a in summary["arms"]] == ["a: no model (mutate)", "b: no model (mutate)"]
     assert all(a["experiments"] == 2 for a in summary["arms"])
     # Several runs need --out; two single ledgers compare like arms.
     a, b = run_dir / "a" / "results.tsv", run_dir / "b" / "results.tsv"
