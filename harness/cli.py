@@ -17,7 +17,7 @@ from .config import read_repo_settings, resolve, with_run_settings
 from .errors import HarnessError
 from .initrepo import default_tag, init_example, init_repo
 
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # a log line is never cut in two
 
 
 def say(*parts: str | tuple[str, str]) -> None:
@@ -88,9 +88,9 @@ AGENT_OPTIONS = ("wire_api", "base_url", "temperature", "reasoning_effort", "req
 
 
 def build_config(repo: Path, tag: str | None, resume: bool = False, **flags: Any):
-    tag = tag or default_tag()
+    tag = tag or default_tag(repo)
     options = {k: flags.pop(k) for k in AGENT_OPTIONS if k in flags}
-    flags["agent_options"] = {k: v for k, v in options.items() if v not in (None, False)} or None
+    flags["agent_options"] = {k: v for k, v in options.items() if v is not None and v is not False} or None
     flags["agent"] = pick_agent(repo, flags.get("agent"), flags.get("model"), flags["agent_options"])
     if resume:  # the run keeps the settings it was measured with (config.with_run_settings)
         flags = with_run_settings(Path(repo).resolve() / "runs" / tag, flags)
@@ -148,7 +148,7 @@ def run(repo, tag, resume, hours, iterations, pipeline, gpus, **flags):
 @friendly
 def step(repo, tag, resume, **flags):
     """Run exactly one iteration (setting the run up first if needed), then exit."""
-    tag = tag or status_mod.latest_single(repo) or default_tag()  # `harness step` again continues the run
+    tag = tag or status_mod.latest_single(repo) or default_tag(repo)  # `harness step` again continues the run
     exists = (Path(repo) / "runs" / tag / "results.tsv").exists()
     cfg = build_config(repo, tag, resume or exists, **flags)
     with Display(err, [watched(cfg)]) as display:
@@ -273,8 +273,8 @@ def ab(repo, tag, resume, agent, model, agent_a, agent_b, model_a, model_b, sche
     from . import ab as ab_mod
 
     options = {k: flags.pop(k) for k in AGENT_OPTIONS if k in flags}
-    flags["agent_options"] = {k: v for k, v in options.items() if v not in (None, False)} or None
-    tag = tag or "ab-" + default_tag()
+    flags["agent_options"] = {k: v for k, v in options.items() if v is not None and v is not False} or None
+    tag = tag or default_tag(repo, prefix="ab-")
     arms = {"a": (agent_a or agent, model_a or model), "b": (agent_b or agent, model_b or model)}
     arms = {name: (pick_agent(repo, a, m, flags["agent_options"], flag=f"--model-{name}" if m != model else "--model"), m)
             for name, (a, m) in arms.items()}

@@ -52,9 +52,17 @@ The goal, the rules about what may change in `train.py`, and the advice below st
 EXAMPLE_FILES = ("train.py", "prepare.py", "program.md", "data/shakespeare.txt.xz")
 
 
-def default_tag() -> str:
-    """A run name unique to the second: month, day and time, e.g. dec01-093512."""
-    return time.strftime("%b%d-%H%M%S").lower()
+def default_tag(repo: Path | None = None, prefix: str = "") -> str:
+    """A new run's name: month, day and time, e.g. dec01-093512; -2, -3, ... when a run of
+    that name exists already (two started in the same second)."""
+    tag = prefix + time.strftime("%b%d-%H%M%S").lower()
+    if repo is None:
+        return tag
+    taken = lambda t: (Path(repo) / "runs" / t).exists()  # noqa: E731
+    n, out = 2, tag
+    while taken(out):
+        out, n = f"{tag}-{n}", n + 1
+    return out
 
 
 def example_dir() -> Path:

@@ -195,7 +195,9 @@ def kept_changes(arm: ArmData) -> list[dict[str, Any]]:
             continue
         delta = r.get("delta") if r.get("delta") is not None else (None if best is None else value - best)
         out.append({"iteration": r.get("iteration"), "commit": r.get("commit"), "metric": value,
-                    "delta": delta, "description": r.get("description") or ""})
+                    "delta": delta,  # the ledger's: value - best before (negative = lower)
+                    "improvement": None if delta is None else (delta if arm.direction == "maximize" else -delta),
+                    "description": r.get("description") or ""})
         best = value
     return out
 
