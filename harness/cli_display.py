@@ -78,6 +78,9 @@ class Watched:
                                      manifest.get("direction", "minimize"))
         exp = figures.experiments(rows)
         self.walls = [r["wall_s"] for r in exp if r.get("wall_s")]
+        if not self.walls:  # before the first experiment: the baseline's time is the best guess
+            base = figures.baseline_index(rows)
+            self.walls = [rows[base]["wall_s"]] if base is not None and rows[base].get("wall_s") else []
         timed = [r for r in rows if r.get("status") != "repeat"]
         self.wall_total_s = sum(r.get("wall_s") or 0.0 for r in timed)
         self.train_total_s = sum(r.get("train_s") or 0.0 for r in rows)
@@ -107,7 +110,7 @@ class Watched:
         self.refine_from_journals()
         parts = []
         for lane, jobs in sorted(self.now.items(), key=lambda kv: (kv[0] is None, str(kv[0]))):
-            what = ", ".join(f"{phase} {it}" if it else phase for it, phase in sorted(jobs.items()))
+            what = ", ".join(f"{phase} iteration {it}" if it else phase for it, phase in sorted(jobs.items()))
             if what:
                 parts.append(what if lane is None else f"lane {lane}: {what}")
         return "; ".join(parts) or "between iterations"

@@ -191,7 +191,7 @@ def render_text(ref: RunRef, width: int = 80, last: int = 8) -> str:
     for name, s in states.items():
         title = f"arm {name}: " if name else ""
         if not s["rows"]:
-            lines += ["", f"{title}no rows yet (the baseline is still training)"]
+            lines += ["", f"{title}no rows yet:", "the baseline trains first"]
             continue
         metric = s["figures"]["metric"]
         lines += ["", f"{title}{'iter':>4} {'commit':7} {metric[:9]:>9} {'status':7} description"]
@@ -240,8 +240,8 @@ def render_list(repo: Path, width: int = 80) -> str:
 
 
 def waiting_text(repo: Path, tag: str) -> str:
-    return (f"run {tag}: not started yet under {Path(repo) / 'runs'}; waiting for its first row "
-            f"(the baseline trains first) ...")
+    return (f"run {tag}: not started yet\nwaiting for its first row\n(the baseline trains first)\n"
+            f"under {Path(repo) / 'runs'}")
 
 
 def terminal_width(default: int = 80) -> int:

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -343,3 +344,36 @@ def test_two_runs_without_a_tag_the_same_day(repo: Path):
     run_cli("run", "--repo", repo, "--agent", "mutate", "--iterations", "1", "--baseline-runs", "1")
     run_cli("run", "--repo", repo, "--agent", "mutate", "--iterations", "1", "--baseline-runs", "1")
     assert len([p for p in (repo / "runs").iterdir() if (p / "results.tsv").exists()]) == 2
+
+
+# ---------------------------------------------------------------------------
+# 10. `harness status` beside a live run
+
+
+def test_status_beside_a_live_run_shows_the_candidate_in_flight(tmp_path: Path):
+    repo = make_repo(tmp_path / "r", train_source=FAKE_TRAIN.replace("SLEEP_S = 0.0", "SLEEP_S = 2.0"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([PY, "-m", "harness", "run", "--repo", str(repo), "--tag", "lv", "--agent", "mutate",
+                             "--iterations", "1", "--baseline-runs", "1", "--time-budget", "30"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        journal, deadline = repo / "runs/lv/inflight.json", time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if json.loads(journal.read_text()).get("phase") == "train":
+                    break
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05)
+        shown = subprocess.run([PY, "-m", "harness", "status", "lv", "--repo", str(repo), "--width", "100"],
+                               env=env, capture_output=True, text=True, timeout=60).stdout
+        data = json.loads(subprocess.run([PY, "-m", "harness", "status", "lv", "--repo", str(repo), "--json"],
+                                         env=env, capture_output=True, text=True, timeout=60).stdout)
+    finally:
+        _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 0, err
+    assert "in flight: iteration 1" in shown and "waiting for --resume" not in shown
+    assert "running, training iteration 1" in shown
+    assert data["live"] is True and data["in_flight"][0]["iteration"] == 1
+    after = json.loads(run_cli("status", "lv", "--repo", repo, "--json").stdout)
+    assert after["live"] is False and after["waiting_for_resume"] == []
