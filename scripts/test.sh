@@ -9,4 +9,9 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1 \
     || echo "could not install chromium: the HTML screenshot test will be skipped" >&2
 fi
+# The screen tests run `harness run`, `harness ab` and scripts/overnight.sh in tmux panes.
+if ! command -v tmux >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux; } >/dev/null 2>&1 \
+    || echo "could not install tmux: the screen tests will be skipped" >&2
+fi
 exec "$PY" -m pytest -q "$@"
