@@ -101,7 +101,7 @@ def pick_agent(repo: Path, agent: str | None, model: str | None, options: dict[s
                flag: str = "--model") -> str | None:
     """--model without --agent: the first backend models.toml names that is usable here, said aloud."""
     settings, _ = read_repo_settings(Path(repo)) if Path(repo).is_dir() else ({}, None)
-    chosen, note = backends.pick(agent or settings.get("agent"), model, options, flag)
+    chosen, note = backends.pick(agent or settings.get("agent"), model or settings.get("model"), options, flag)
     if note:  # picked from models.toml: say which
         say((note, "dim"))
         return chosen

@@ -171,7 +171,7 @@ class Display:
     def __call__(self, event: str, data: dict[str, Any]) -> None:
         with self.lock:
             w = self.runs.get(data.get("arm", ""), next(iter(self.runs.values())))
-            prefix = (f"{w.name} ", "bold cyan") if self.ab else ""
+            prefix = (f"{w.name} ", "bold cyan") if self.ab and "arm" in data else ""
             lane = data.get("lane")
             if event == "baseline":
                 w.now = {None: {0: "training the baseline"}}

@@ -129,3 +129,12 @@ def test_overnight_status_pane_waits_for_the_baseline_and_fits(tmp_path: Path, t
     assert all(len(line) <= width for line in lines)
     assert any(line.startswith("baseline:") for line in lines)  # one figure a line, not wrapped
     assert "waiting for --resume" not in screen
+
+
+def test_live_panel_says_what_each_lane_is_doing(tmp_path: Path, tmux: Tmux):
+    repo = make_repo(tmp_path / "r", train_source=FAKE_TRAIN.replace("SLEEP_S = 0.0", "SLEEP_S = 2.0"))
+    cmd = harness_cmd("run", "--repo", repo, "--tag", "lanes", "--agent", "mutate", "--iterations", "4",
+                      "--baseline-runs", "1", "--gpus", "0,1", "--time-budget", "30") + "; sleep 60"
+    tmux("new-session", "-d", "-s", "lanes", "-x", "170", "-y", "40", cmd)
+    tmux.wait_for("lanes", "lane 0: training iteration", "lane 1: training iteration")
+    tmux.wait_for("lanes", "reached --iterations 4", timeout_s=120)
