@@ -2,22 +2,30 @@
 from __future__ import annotations
 
 import functools
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
+from rich.text import Text
 
 import sys
 
-from . import __version__, driver, pipeline as pipeline_mod, rerun as rerun_mod, runs, status as status_mod, trainenv
+from . import __version__, backends, driver, pipeline as pipeline_mod, rerun as rerun_mod, runs, status as status_mod, trainenv
 from . import track as track_mod
-from .config import resolve
+from .cli_display import Display, Watched, literal, summary_text
+from .config import read_repo_settings, resolve, with_run_settings
 from .errors import HarnessError
-from .initrepo import init_example, init_repo
+from .initrepo import default_tag, init_example, init_repo
 
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # a log line is never cut in two
+
+
+def say(*parts: str | tuple[str, str]) -> None:
+    """Progress to stderr, printed literally: user text is never read as rich markup."""
+    err.print(literal(*parts))
 
 
 def friendly(fn):
@@ -36,7 +44,7 @@ def run_options(fn):
     opts = [
         click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=".",
                      show_default=True, help="The research repo (a git repo with train.py)."),
-        click.option("--tag", default=None, help="Run name; branch autoresearch/<tag>. Default: today's date."),
+        click.option("--tag", default=None, help="Run name; branch autoresearch/<tag>. Default: the date and time, e.g. dec01-0930."),
         click.option("--agent", default=None, help="Researcher backend: mutate (offline), openai, codex, claude, gemini, cmd:TEMPLATE."),
         click.option("--model", default=None, help="Researcher model or alias (see models.toml)."),
         click.option("--time-budget", type=float, default=None, help="Seconds of training per experiment."),
@@ -100,45 +108,36 @@ AGENT_OPTIONS = ("wire_api", "base_url", "temperature", "reasoning_effort", "req
 NOT_GIVEN = (None, False, ())  # an option left out (a repeatable one gives ())
 
 
-def build_config(repo: Path, tag: str | None, **flags: Any):
-    tag = tag or time.strftime("%b%d").lower()
+def build_config(repo: Path, tag: str | None, resume: bool = False, **flags: Any):
+    tag = tag or default_tag(repo)
     options = {k: flags.pop(k) for k in AGENT_OPTIONS if k in flags}
     flags["agent_options"] = {k: v for k, v in options.items() if v not in NOT_GIVEN} or None
+    flags["agent"] = pick_agent(repo, flags.get("agent"), flags.get("model"), flags["agent_options"])
+    if resume:  # the run keeps the settings it was measured with (config.with_run_settings)
+        flags = with_run_settings(Path(repo).resolve() / "runs" / tag, flags)
     return resolve(repo, tag, flags)
 
 
-def show_progress(event: str, data: dict[str, Any]) -> None:
-    if event == "baseline":
-        err.print(f"[bold]baseline[/] training commit {data['commit'][:12]} ...")
-    elif event == "start":
-        err.print(f"best so far {data['best']:.6f} after iteration {data['iteration']}")
-    elif event == "resumed":
-        err.print(f"[dim]iteration {data['iteration']}: training the candidate the interruption left "
-                  f"untrained ({data['commit'][:12]}) ...[/]")
-    elif event == "iteration":
-        lane = f" lane {data['lane']}" if "lane" in data else ""
-        err.print(f"[dim]iteration {data['iteration']}{lane} (elapsed {data['elapsed_s']:.0f}s): researcher ...[/]")
-    elif event == "row":
-        row = data["row"]
-        color = {"keep": "green", "discard": "yellow"}.get(row.status, "red")
-        metric = "-" if row.metric is None else f"{row.metric:.6f}"
-        eta = f", {data['eta_s'] / 60:.0f} min left" if data.get("eta_s") is not None else ""
-        err.print(f"  [{color}]{row.status:8}[/] {metric}  best {data['best']:.6f}  "
-                  f"{row.description[:80]}  ({row.wall_s:.0f}s{eta})")
-    elif event == "event":
-        err.print(f"  [bold magenta]{data['kind']}[/]: {data['message']}")
+def pick_agent(repo: Path, agent: str | None, model: str | None, options: dict[str, Any] | None,
+               flag: str = "--model") -> str | None:
+    """--model without --agent: the first backend models.toml names that is usable here, said aloud."""
+    settings, _ = read_repo_settings(Path(repo)) if Path(repo).is_dir() else ({}, None)
+    chosen, note = backends.pick(agent or settings.get("agent"), model or settings.get("model"), options, flag)
+    if note:  # picked from models.toml: say which
+        say((note, "dim"))
+        return chosen
+    return agent
 
 
-def print_summary(summary: runs.Summary) -> None:
-    base, best = summary.baseline_value, summary.best_value
-    gain = "" if base is None or best is None else f" ({best - base:+.6f} vs baseline {base:.6f})"
-    counts = ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())) or "none"
-    cost = "unknown (no price for this model)" if summary.cost_usd is None else f"${summary.cost_usd:.4f}"
-    err.print(f"\n[bold]{summary.stopped}[/]")
-    err.print(f"best {best if best is None else f'{best:.6f}'}{gain} at {summary.best_commit} "
-              f"on branch {summary.branch}")
-    err.print(f"{summary.iterations} experiments: {counts}; keep rate {summary.keep_rate:.0%}")
-    err.print(f"tokens in {summary.input_tokens}, out {summary.output_tokens}; cost {cost}")
+def watched(cfg) -> Watched:
+    label = f"{cfg.model or 'no model'} ({cfg.agent})"
+    return Watched("", label, cfg.run_dir, hours=cfg.hours, iterations=cfg.iterations,
+                   lanes=max(1, len(cfg.gpus)))
+
+
+def print_summary(summary: runs.Summary, label: str = "") -> None:
+    err.print()
+    err.print(summary_text(summary, label))
 
 
 def finish_tracking() -> None:
@@ -172,9 +171,11 @@ def main() -> None:
 @friendly
 def run(repo, tag, resume, hours, iterations, pipeline, gpus, **flags):
     """Run the autoresearch loop until --hours, --iterations, a budget cap, or Ctrl-C."""
-    cfg = build_config(repo, tag, hours=hours, iterations=iterations, pipeline=pipeline,
+    cfg = build_config(repo, tag, resume, hours=hours, iterations=iterations, pipeline=pipeline,
                        gpus=pipeline_mod.parse_gpus(gpus) or None, **flags)
-    summary, interrupted = driver.single(cfg, make_researcher(cfg), resume, show_progress, pipeline_mod.pipelined(cfg))
+    with Display(err, [watched(cfg)]) as display:
+        summary, interrupted = driver.single(cfg, make_researcher(cfg), resume, display, pipeline_mod.pipelined(cfg))
+        display.mark_stopped("", summary.stopped)
     print_summary(summary)
     finish_tracking()
     exit_for(interrupted)
@@ -196,10 +197,13 @@ def exit_for(interrupted) -> None:
 @friendly
 def step(repo, tag, resume, **flags):
     """Run exactly one iteration (setting the run up first if needed), then exit."""
-    cfg = build_config(repo, tag, **flags)
-    exists = cfg.run_dir.joinpath("results.tsv").exists()
-    summary, interrupted = driver.single(cfg, make_researcher(cfg), resume or exists, show_progress,
-                                         pipelined=False, steps=1)
+    tag = tag or status_mod.latest_single(repo) or default_tag(repo)  # `harness step` again continues the run
+    exists = (Path(repo) / "runs" / tag / "results.tsv").exists()
+    cfg = build_config(repo, tag, resume or exists, **flags)
+    with Display(err, [watched(cfg)]) as display:
+        summary, interrupted = driver.single(cfg, make_researcher(cfg), resume or exists, display,
+                                             pipelined=False, steps=1)
+        display.mark_stopped("", summary.stopped)
     print_summary(summary)
     finish_tracking()
     exit_for(interrupted)
@@ -217,30 +221,52 @@ def check(repo, tag, resume, hours, **flags):
     """
     from . import check as check_mod
     cfg = build_config(repo, tag or "check", **flags)
-    err.print(f"checking {cfg.agent} {cfg.model or ''}: one researcher call, then one baseline run ...")
+    say(f"checking {cfg.agent} {cfg.model or ''}: one researcher call, then one baseline run ...")
     click.echo(check_mod.render(check_mod.run_check(cfg, hours)))
 
 
 @main.command()
 @click.argument("tag", required=False)
 @click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=".", show_default=True)
-@click.option("--watch", is_flag=True, help="Refresh every few seconds until Ctrl-C.")
-@click.option("--interval", type=float, default=5.0, show_default=True, help="Seconds between refreshes.")
+@click.option("--watch", is_flag=True, help="Refresh every few seconds until Ctrl-C; waits for a run not started yet.")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+              help="Seconds between refreshes.")
+@click.option("--json", "as_json", is_flag=True, help="The same figures as JSON, for scripts.")
+@click.option("--width", type=click.IntRange(min=20), default=None, help="Columns to fit (default: the terminal's).")
 @friendly
-def status(tag, repo, watch, interval):
-    """Print a run's summary from its ledger (default: the latest run)."""
-    ledger_path = status_mod.find_ledger(repo, tag)
-    if not watch:
-        click.echo(status_mod.render_text(ledger_path))
+def status(tag, repo, watch, interval, as_json, width):
+    """A run's figures from its ledger; an A/B tag shows both arms side by side.
+
+    Without TAG: the list of runs. TAG/a names one arm of an A/B run.
+    """
+    if tag is None and not watch:
+        click.echo(json.dumps([status_mod.state(r) for r in status_mod.all_runs(repo)], indent=2, default=str)
+                   if as_json else status_mod.render_list(repo, width or status_mod.terminal_width()))
         return
+    if not watch:
+        ref = status_mod.find_run(repo, tag)
+        click.echo(status_mod.render_json(ref) if as_json else
+                   status_mod.render_text(ref, width or status_mod.terminal_width()))
+        return
+    watch_status(repo, tag, interval, width)
+
+
+def watch_status(repo: Path, tag: str | None, interval: float, width: int | None) -> None:
     from rich.live import Live
-    from rich.text import Text
-    console = Console()
+    console = Console(highlight=False)
+
+    def frame() -> Text:
+        name = tag or (status_mod.all_runs(repo)[-1].tag if status_mod.all_runs(repo) else None)
+        ref = status_mod.find_run(repo, name, must_exist=False) if name else None
+        if ref is None:
+            return Text(status_mod.waiting_text(repo, name or "(none yet)"), no_wrap=True, overflow="ellipsis")
+        return Text(status_mod.render_text(ref, width or console.width), no_wrap=True, overflow="ellipsis")
+
     try:
-        with Live(Text(status_mod.render_text(ledger_path)), console=console, auto_refresh=False) as live:
+        with Live(frame(), console=console, auto_refresh=False, vertical_overflow="crop") as live:
             while True:
                 time.sleep(interval)
-                live.update(Text(status_mod.render_text(ledger_path)), refresh=True)
+                live.update(frame(), refresh=True)
     except KeyboardInterrupt:
         pass
 
@@ -254,13 +280,14 @@ def init(repo, example):
     """Make a repo with a train.py ready for `harness run` (or create one with --example DIR)."""
     if example is not None:
         path = init_example(example)
-        err.print(f"created {path} with the bundled workload. Next: cd {path} && harness run --agent mutate --iterations 5 --time-budget 10")
+        say(f"created {path} with the bundled workload. Next: cd {path} && harness run --agent mutate "
+            f"--iterations 5 --time-budget 10")
         if trainenv.versions("python train.py", path).get("torch") is None:
-            err.print("[yellow]its train.py needs torch[/], which `python` here does not have: "
-                      "pip install 'autoresearch-harness\\[workload]' (or your CUDA build of torch)")
+            say(("its train.py needs torch", "yellow"), ", which `python` here does not have: "
+                "pip install 'autoresearch-harness[workload]' (or your CUDA build of torch)")
         return
     for line in init_repo(repo):
-        err.print(line)
+        say(line)
 
 
 @main.command()
@@ -275,7 +302,7 @@ def init(repo, example):
 def rerun(commit, repeat, repo, **flags):
     """Train COMMIT K times and print the mean, sd, min, max and spread of the metric."""
     cfg = build_config(repo, "rerun", **flags)
-    stats = rerun_mod.rerun(cfg, commit, repeat, progress=lambda k, r: err.print(
+    stats = rerun_mod.rerun(cfg, commit, repeat, progress=lambda k, r: say(
         f"  run {k + 1}/{repeat}: {r.status} {r.value(cfg.metric) if r.status == 'ok' else r.reason}"))
     sd = "-" if stats.sd is None else f"{stats.sd:.6f}"
     click.echo(f"commit {stats.commit[:12]}  runs {len(stats.values)}  {cfg.metric} mean {stats.mean:.6f}  "
@@ -311,33 +338,64 @@ def ab(repo, tag, resume, agent, model, agent_a, agent_b, model_a, model_b, arm_
     from . import ab as ab_mod
     from .arms import parse_arm
 
-    def progress(event: str, data: dict[str, Any]) -> None:
-        err.print(f"[bold cyan]{data.get('arm', '')}[/]", end=" ")
-        if event == "stopping":
-            err.print(data["message"])
-        else:
-            show_progress(event, data)
-
     options = {k: flags.pop(k) for k in AGENT_OPTIONS if k in flags}
     flags["agent_options"] = {k: v for k, v in options.items() if v not in NOT_GIVEN} or None
     if arm_specs and (agent_a or agent_b or model_a or model_b):
         raise click.UsageError("use either --arm (a tournament) or --agent-a/--model-a/--agent-b/--model-b")
-    arms = ([parse_arm(spec) for spec in arm_specs] if arm_specs else
-            {"a": (agent_a or agent, model_a or model), "b": (agent_b or agent, model_b or model)})
-    tag = tag or "ab-" + time.strftime("%b%d").lower()
+    tag = tag or default_tag(repo, prefix="ab-")
+    if arm_specs:
+        arms = [parse_arm(spec) for spec in arm_specs]
+    else:
+        arms = {"a": (agent_a or agent, model_a or model), "b": (agent_b or agent, model_b or model)}
+        arms = {name: (pick_agent(repo, a, m, flags["agent_options"], flag=f"--model-{name}" if m != model else "--model"), m)
+                for name, (a, m) in arms.items()}
     for path in (repo, *workloads):
-        result = ab_mod.run_ab(path, tag, arms, schedule=schedule, gpus=gpus, resume=resume, overrides=flags,
-                               progress=progress, repeats=repeats)
+        first = "a" if isinstance(arms, dict) else ab_mod.unit_name(arms[0].name, 0, repeats or 1)
+        run_flags = with_run_settings(Path(path).resolve() / "runs" / tag / first, flags) if resume else flags
+        display = Display(err, ab_watched(path, tag, arms, run_flags, repeats or 1), schedule=schedule)
+        announce_arms(display)
+        with display:
+            result = ab_mod.run_ab(path, tag, arms, schedule=schedule, gpus=gpus, resume=resume,
+                                   overrides=run_flags, progress=display, repeats=repeats)
+            for name, summary in result.summaries.items():
+                display.mark_stopped(name, summary.stopped)
         for name, summary in result.summaries.items():
-            err.print(f"\n[bold]arm {name}[/]")
-            print_summary(summary)
+            print_summary(summary, f"arm {name}: {display.runs[name].label}")
         finish_tracking()
-        err.print("\n" + "\n".join(result.report.summary["verdict"]["text"]))
+        say("\n" + "\n".join(result.report.summary["verdict"]["text"]))
         click.echo(result.report.markdown)
         exit_for(result.interrupted)
     if arm_specs or repeats or workloads:
         folders = " ".join(str(Path(p).resolve() / "runs" / tag) for p in (repo, *workloads))
-        err.print(f"\nrate the arms across tasks: harness elo {folders}")
+        say(f"\nrate the arms across tasks: harness elo {folders}")
+
+
+# --- what `harness ab` says about its arms (labels, the model -> agent pick) ---------------
+
+def ab_watched(repo: Path, tag: str, arms: dict[str, tuple[str | None, str | None]],
+               flags: dict[str, Any]) -> list[Watched]:
+    """The arms as the screen shows them: labelled by model and researcher, not a/b."""
+    from .pricing import resolve_model
+    settings, _ = read_repo_settings(Path(repo))
+    setup_path = Path(repo).resolve() / "runs" / tag / "ab.json"
+    old = json.loads(setup_path.read_text()).get("arms", {}) if setup_path.exists() else {}
+    out = []
+    for name, (agent, model) in arms.items():
+        agent = agent or old.get(name, {}).get("agent") or settings.get("agent") or "mutate"
+        model = resolve_model(model) or old.get(name, {}).get("model")
+        out.append(Watched(name, f"{model or 'no model'} ({agent})", Path(repo).resolve() / "runs" / tag / name,
+                           hours=flags.get("hours"), iterations=flags.get("iterations")))
+    return out
+
+
+def announce_arms(display: Display) -> None:
+    """Both arms' researcher and model before anything starts, and a warning when they are the same."""
+    labels = [w.label for w in display.runs.values()]
+    for w in display.runs.values():
+        say(("arm " + w.name, "bold cyan"), ": " + w.label)
+    if len(set(labels)) == 1:
+        say(("warning", "bold yellow"), f": both arms run the same researcher ({labels[0]}); the comparison "
+            "measures run-to-run noise, not two models. Pass --model-a/--model-b (or --agent-a/--agent-b).")
 
 
 @main.command()
@@ -354,7 +412,7 @@ def report(paths, out):
     from . import report as report_mod
 
     built = report_mod.build(list(paths), out)
-    err.print("\n".join(built.summary["verdict"]["text"]))
+    say("\n".join(built.summary["verdict"]["text"]))
     click.echo(built.markdown)
     click.echo(built.html)
 

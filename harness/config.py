@@ -104,9 +104,11 @@ def _check_value(key: str, value: Any) -> Any:
         want(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
              "a positive number of seconds" if key != "stall_after_min" else "a positive number of minutes")
         return float(value)
-    if key in ("max_steps", "history_rows", "seed"):
-        if key == "max_steps" and value is None:
-            return None
+    if key == "max_steps":
+        want(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
+             "a number of steps >= 1")
+        return value
+    if key in ("history_rows", "seed"):
         want(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
              "a non-negative integer")
         return value
@@ -119,9 +121,13 @@ def _check_value(key: str, value: Any) -> Any:
     if key == "confirm":
         want(isinstance(value, int) and not isinstance(value, bool) and value >= 0, "an integer >= 0")
         return value
-    if key in ("min_delta", "z"):
+    if key == "min_delta":
         want(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
              "a non-negative number")
+        return float(value)
+    if key == "z":
+        want(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
+             "a positive number of standard errors")
         return float(value)
     if key in ("keep_ties", "policy"):
         want(isinstance(value, bool), "true or false")
@@ -191,6 +197,41 @@ def _check_executor_value(key: str, value: Any, want) -> Any:
         return value
     want(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0, "a positive number of seconds")
     return float(value)
+
+
+# Limits of one invocation (CLI only): each must be positive, else the run would start and
+# stop at once, or never stop; the message names the flag.
+RUN_LIMITS: dict[str, tuple[type, str]] = {
+    "hours": (float, "a positive number of hours, e.g. --hours 8"),
+    "iterations": (int, "a positive number of iterations, e.g. --iterations 50"),
+    "max_tokens": (int, "a positive number of tokens, e.g. --max-tokens 2000000"),
+    "max_cost": (float, "a positive amount of USD, e.g. --max-cost 20"),
+}
+# The researcher's options: (minimum, whether the minimum itself is allowed).
+AGENT_LIMITS: dict[str, tuple[float, bool]] = {
+    "request_timeout": (0, False), "max_retries": (0, True), "repair_turns": (0, True),
+    "temperature": (0, True),
+}
+
+
+def check_limits(overrides: dict[str, Any]) -> None:
+    """Refuse a negative or zero limit with a message that names the flag and what to pass."""
+    for key, (kind, what) in RUN_LIMITS.items():
+        value = overrides.get(key)
+        if value is None:
+            continue
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or value <= 0 or (kind is int and int(value) != value):
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(f"{flag} must be {what}; got {value!r}. Leave it out for no limit.")
+    for key, value in (overrides.get("agent_options") or {}).items():
+        if key not in AGENT_LIMITS or value is None:
+            continue
+        low, inclusive = AGENT_LIMITS[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or (
+                value == low and not inclusive):
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(f"{flag} must be {'>=' if inclusive else '>'} {low:g}; got {value!r}.")
 
 
 def read_repo_settings(repo: Path) -> tuple[dict[str, Any], Path | None]:
@@ -314,6 +355,7 @@ def resolve(repo: Path, tag: str, overrides: dict[str, Any]) -> RunConfig:
     repo = Path(repo).resolve()
     if not TAG_RE.match(tag):
         raise ConfigError(f"tag {tag!r} must be letters, digits, '.', '_' or '-' (at most 63)")
+    check_limits(overrides)
     file_settings, path = read_repo_settings(repo)
     for old, new in RENAMED.items():  # settings files written before a key got its unit in its name
         if old in file_settings and new not in file_settings:
@@ -363,3 +405,60 @@ def resolve(repo: Path, tag: str, overrides: dict[str, Any]) -> RunConfig:
     if overlap:
         raise ConfigError(f"files cannot be both editable and protected: {sorted(overlap)}")
     return RunConfig(repo=repo, tag=tag, config_file=str(path) if path else None, **merged, **extra)
+
+
+# ---------------------------------------------------------------------------
+# Resume: the new settings against the run's manifest (run.json)
+
+# Settings that change what a row measures or how it is judged: a resumed run that changed one
+# would mix two experiments in one ledger, so the resume is refused.
+MEASURED = ("editable", "protected", "train_command", "metric", "direction", "time_budget", "max_steps",
+            "gate", "min_delta", "z", "keep_ties", "confirm", "sealed", "policy")
+# Limits and pacing: they may change between sessions; the change is recorded as an event.
+LIMITS = ("hours", "iterations", "max_tokens", "max_cost", "kill_after", "agent_timeout", "stall_after",
+          "health_every", "on_unhealthy", "history_rows", "pipeline", "gpus")
+FLAGS = {"time_budget": "--time-budget", "max_steps": "--max-steps", "min_delta": "--min-delta",
+         "keep_ties": "--keep-ties/--no-keep-ties"}
+
+
+def _same(old: Any, new: Any) -> bool:
+    if isinstance(old, (list, tuple)) and isinstance(new, (list, tuple)):
+        return list(old) == list(new)
+    if isinstance(old, (int, float)) and isinstance(new, (int, float)) and not isinstance(old, bool):
+        return float(old) == float(new)
+    return old == new
+
+
+def compare_resume(old: dict[str, Any], cfg: RunConfig) -> tuple[list[str], list[str]]:
+    """(refusals, limit changes) of a resume: each names the setting, its old and new value.
+    old is the manifest's "config"; keys it lacks (older manifests) are not compared."""
+    new = cfg.to_json()
+    refused, changed = [], []
+    for keys, out in ((MEASURED, refused), (LIMITS, changed)):
+        for key in keys:
+            if key in old and not _same(old[key], new.get(key)):
+                out.append(f"{key} {old[key]!r} -> {new.get(key)!r}")
+    return refused, changed
+
+
+def refusal_message(tag: str, refused: list[str]) -> str:
+    names = [r.split(" ", 1)[0] for r in refused]
+    flags = ", ".join(FLAGS.get(n, "--" + n.replace("_", "-")) if n not in ("editable", "protected",
+                      "train_command", "metric", "direction", "sealed", "policy") else n for n in names)
+    return (f"run {tag} was measured with other settings ({'; '.join(refused)}): resuming would mix two "
+            f"experiments in one ledger. Resume with the run's own values ({flags}; see runs/{tag}/run.json), "
+            f"or start a new run with another --tag.")
+
+
+def with_run_settings(run_dir: Path, overrides: dict[str, Any]) -> dict[str, Any]:
+    """For --resume: the measured settings not given on the command line are the run's own (from
+    run.json), so a resume needs no flags repeated and never changes them by accident."""
+    try:
+        old = json.loads((Path(run_dir) / "run.json").read_text()).get("config", {})
+    except (OSError, ValueError):
+        return overrides
+    out = dict(overrides)
+    for key in MEASURED:
+        if out.get(key) is None and key in old and key not in ("editable", "protected") and old[key] is not None:
+            out[key] = old[key]
+    return out

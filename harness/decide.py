@@ -69,7 +69,8 @@ def decide(s: GateSettings, values: list[float], best: float, n_best: int,
 def runs_of(rows: list[dict[str, Any]], iteration: int) -> list[float]:
     """Every measured run of one candidate's code: its first run, then its repeats (confirmation
     runs, re-runs of the best at health checkpoints) in ledger order."""
-    first = [r["metric"] for r in rows if r.get("iteration") == iteration and r.get("status") != "repeat"
+    # A failed attempt (a baseline that overran its budget, then --resume) measured nothing usable.
+    first = [r["metric"] for r in rows if r.get("iteration") == iteration and r.get("status") in ("keep", "discard")
              and r.get("metric") is not None][:1]
     return first + [r["metric"] for r in rows if r.get("status") == "repeat" and r.get("metric") is not None
                     and r.get("candidate") is not None and int(r["candidate"]) == iteration]

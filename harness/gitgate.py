@@ -181,6 +181,14 @@ class Worktree:
         self.repo.git.execute(["git", *args, "commit", "-q", "--no-verify", "-m", message])
         return self.head()
 
+    def keep_reachable(self, tag: str, iteration: int, commit: str) -> str:
+        """A ref for an evaluated candidate, refs/autoresearch/<tag>/tried/<iteration>: outside
+        the branch namespace (the run branch keeps only kept commits), so a discarded, crashed or
+        invalid candidate that is reset away survives `git gc`. Returns the ref's name."""
+        name = f"refs/autoresearch/{tag}/tried/{iteration:04d}"
+        self.repo.git.update_ref(name, commit)
+        return name
+
     def _identity(self, key: str, default: str) -> str:
         try:
             return self.repo.git.config(f"user.{key}") or default

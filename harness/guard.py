@@ -24,6 +24,7 @@ from .runner import TrainResult
 
 GIT_TIMEOUT_S = 60
 OTHER_RUNS = "refs/heads/autoresearch/"  # other runs' and A/B arms' branches move on their own
+TRIED_REFS = "refs/autoresearch/"  # the harness's refs of evaluated candidates (other lanes add theirs)
 WATCHED_FILES = ("config", "config.worktree", "info/exclude", "info/attributes", "info/sparse-checkout",
                  "info/grafts", "shallow", "commondir")
 
@@ -67,7 +68,7 @@ def _refs(cwd: Path, branch: str) -> dict[str, str]:
     refs = {}
     for line in out.splitlines():
         sha, _, name = line.partition(" ")
-        if name.startswith(OTHER_RUNS) and name != f"refs/heads/{branch}":
+        if (name.startswith(OTHER_RUNS) and name != f"refs/heads/{branch}") or name.startswith(TRIED_REFS):
             continue
         refs[name] = sha
     return refs

@@ -3,10 +3,51 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from .config import read_repo_settings
 from .errors import RepoError
+from .gitgate import GitGate
+
+# Words of a program written for an agent that drives the loop itself (karpathy/autoresearch's
+# program.md): under the harness the agent must not train, commit, reset or write the ledger.
+SELF_DRIVEN = ("loop forever", "uv run train.py", "git reset", "git commit", "results.tsv")
+HARNESS_SECTION_MARK = "<!-- harness: this section supersedes the loop instructions below -->"
+HARNESS_SECTION = HARNESS_SECTION_MARK + """
+# Working under autoresearch-harness
+
+This program was written for an agent that runs the experiment loop itself. Here the harness
+runs the loop, and this section supersedes every loop instruction further down:
+
+- Make ONE change to `train.py` per invocation, then stop. You are started fresh for every
+  experiment; do not loop.
+- Do not run training (`uv run train.py`, `python train.py`): the harness trains your change
+  under the fixed time budget on its own hardware and measures it.
+- Do not run git (no commit, reset, checkout or branch) and do not write `results.tsv` or any
+  log: the harness commits, keeps or reverts, and records the result.
+- End your answer with one line describing the change in a few words; it becomes the
+  experiment's description.
+
+The goal, the rules about what may change in `train.py`, and the advice below still hold.
+
+## Current best
+
+{{BEST}}
+
+## Recent results
+
+{{RESULTS}}
+
+## Last failure
+
+{{LAST_FAILURE}}
+
+---
+
+# The original program (kept for reference; its loop instructions do not apply)
+
+"""
 
 EXAMPLE_FILES = ("train.py", "prepare.py", "program.md", "data/shakespeare.txt.xz")
 
@@ -14,6 +55,18 @@ EXAMPLE_FILES = ("train.py", "prepare.py", "program.md", "data/shakespeare.txt.x
 # The bundled workload's metric comes from a separate evaluation of the saved model (docs/robustness.md).
 EXAMPLE_EVALUATION = ('evaluate_command = "python prepare.py --evaluate"\n'
                       'train_data_command = "python prepare.py --export-train"\n')
+
+def default_tag(repo: Path | None = None, prefix: str = "") -> str:
+    """A new run's name: month, day and time, e.g. dec01-093512; -2, -3, ... when a run of
+    that name exists already (two started in the same second)."""
+    tag = prefix + time.strftime("%b%d-%H%M%S").lower()
+    if repo is None:
+        return tag
+    taken = lambda t: (Path(repo) / "runs" / t).exists()  # noqa: E731
+    n, out = 2, tag
+    while taken(out):
+        out, n = f"{tag}-{n}", n + 1
+    return out
 
 
 def example_dir() -> Path:
@@ -37,7 +90,8 @@ def settings_text(train_command: str, protected: list[str]) -> str:
 
 
 def init_repo(repo: Path) -> list[str]:
-    """Write [tool.harness] (pyproject.toml, else harness.toml) and program.md if missing."""
+    """Write [tool.harness] (pyproject.toml, else harness.toml), a program that fits the harness,
+    and the run folders into .git/info/exclude."""
     repo = Path(repo)
     if not (repo / "train.py").exists():
         raise RepoError(f"{repo} has no train.py: the harness needs one editable training script "
@@ -59,12 +113,29 @@ def init_repo(repo: Path) -> list[str]:
         else:
             (repo / "harness.toml").write_text(text.replace("[tool.harness]\n", ""))
             notes.append(f"wrote {repo / 'harness.toml'}")
-    program = repo / "program.md"
-    if not program.exists():
-        shutil.copyfile(example_dir() / "program.md", program)
-        notes.append(f"wrote {program} (edit it to describe your goal)")
+    notes += write_program(repo / "program.md")
+    if (repo / ".git").exists():
+        GitGate(repo).ensure_excluded()  # runs/ and results.tsv stay out of `git status`
+        notes.append("added /runs/ and /results.tsv to .git/info/exclude")
     notes.append("commit these files, then: harness run --agent mutate --iterations 5")
     return notes
+
+
+def write_program(program: Path) -> list[str]:
+    """The researcher's program: the bundled one where there is none; for a program written
+    for a self-driving agent (karpathy/autoresearch's), a harness section on top that
+    supersedes its loop instructions, the original kept below it for reference."""
+    if not program.exists():
+        shutil.copyfile(example_dir() / "program.md", program)
+        return [f"wrote {program} (edit it to describe your goal)"]
+    text = program.read_text()
+    if HARNESS_SECTION_MARK in text:
+        return [f"{program} already has the harness section; left unchanged"]
+    if not any(word in text.lower() for word in SELF_DRIVEN):
+        return [f"{program} left unchanged (it should not tell the researcher to train, commit or loop)"]
+    program.write_text(HARNESS_SECTION + text)
+    return [f"added a harness section on top of {program}: the researcher proposes one change and "
+            f"stops; the harness trains, commits and records (the original is kept below it)"]
 
 
 def init_example(dest: Path) -> Path:

@@ -29,10 +29,11 @@ TAIL_COLUMNS = (
     "sealed",
     "lane",
     "node",
+    "first_run",
 )
 NUMERIC = {"memory_gb", "iteration", "best_before", "delta", "agent_s", "train_s", "wall_s",
            "input_tokens", "cached_tokens", "output_tokens", "cost_usd", "retries",
-           "seed", "candidate", "runs", "mean", "sigma", "lane"}
+           "seed", "candidate", "runs", "mean", "sigma", "lane", "first_run"}
 INTEGER = {"iteration", "input_tokens", "cached_tokens", "output_tokens", "retries", "seed", "candidate", "runs",
            "lane"}
 
@@ -86,11 +87,16 @@ class Row:
             raise ValueError(f"status {self.status!r} is not one of {STATUSES}")
 
     def cells(self) -> list[str]:
-        # The first five columns look like karpathy/autoresearch's: 0.997900, 44.0.
-        metric = None if self.metric is None or math.isnan(self.metric) else self.metric
-        head = [self.commit[:12], "" if metric is None else f"{metric:.6f}",
+        # The first five columns look like karpathy/autoresearch's: 0.997900, 44.0. The metric
+        # column holds the value the decision used (the mean of a candidate's runs, when it had
+        # several), so a reader of the first five columns gets the harness's own figures
+        # (figures.py); the first run's own value is then kept in `first_run`.
+        first = None if self.metric is None or math.isnan(self.metric) else self.metric
+        decided = self.mean if self.mean is not None and self.status != "repeat" else first
+        head = [self.commit[:12], "" if decided is None else f"{decided:.6f}",
                 "" if self.memory_gb is None else f"{self.memory_gb:.1f}", self.status, self.description]
-        return [_fmt(v) for v in head + [getattr(self, c) for c in TAIL_COLUMNS[3:]]]
+        tail = [getattr(self, c) for c in TAIL_COLUMNS[3:-1]]
+        return [_fmt(v) for v in head + tail + [first if decided != first else None]]
 
 
 def _fmt(value: Any) -> str:
@@ -169,6 +175,8 @@ def _parse_lines(data: bytes, start: int) -> list[dict[str, Any]]:
         rec.setdefault("metric", None)
         for name in TAIL_COLUMNS:  # older and five-column ledgers: the newer figures are unknown
             rec.setdefault(name, None)
+        if rec["first_run"] is not None:  # the metric column holds the mean; `metric` is one run
+            rec["metric"] = rec["first_run"]
         out.append(rec)
     return out
 
@@ -195,7 +203,7 @@ def _parse(key: str, raw: str) -> Any:
 
 
 def best_row(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The current best is the last kept row (each keep beat the one before it)."""
+    """The current best is the last kept row (each keep beat the one before it; figures.py)."""
     kept = [r for r in rows if r.get("status") == "keep"]
     return kept[-1] if kept else None
 

@@ -56,6 +56,7 @@ def _load(user: str | None) -> dict[str, Any]:
                 raise ConfigError(f"price file {user}: [models.\"{name}\"] needs numeric input and "
                                   f"output prices (USD per 1M tokens); cached_input is optional.")
         table.setdefault("aliases", {}).update(extra.get("aliases", {}))
+        table.setdefault("backends", {}).update(extra.get("backends", {}))
         table.setdefault("models", {}).update(extra.get("models", {}))
     return table
 
@@ -98,3 +99,10 @@ def call_cost(model: str | None, usage: Any) -> tuple[float | None, str]:
     if usage.cost_usd is not None:
         return usage.cost_usd, "researcher"
     return None, "unknown"
+
+
+def backends_for(model: str | None, path: str | None = None) -> list[str]:
+    """The researcher backends that serve model, in order of preference ([backends]); [] = not listed."""
+    if model is None:
+        return []
+    return list(load_table(path).get("backends", {}).get(resolve_model(model, path), []))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import events, ledger, spend
+from . import events, figures, ledger, spend
 from .errors import HarnessError
 from .report_diff import changed_names
 
@@ -37,6 +37,7 @@ class ArmData:
     editable: tuple[str, ...] = ()
     git_dir: Path | None = None  # a checkout in which the kept commits can be diffed
     sandbox: str | None = None  # what ran the jobs (run.json): bwrap, off; None = not recorded
+    arm: str = ""  # the A/B arm's name (a, b) when it came from an A/B run
 
 
 @dataclass
@@ -96,6 +97,18 @@ def load_arm(label: str, path: Path, setup: dict[str, Any] | None = None) -> Arm
     return arm
 
 
+def name_by_model(arms: list[ArmData], is_ab: list[bool]) -> None:
+    """A/B arms are labelled by what they ran, `gpt-5.4 (codex)`, not by a/b; the arm's name
+    is kept in front only where two arms would read the same."""
+    names = {id(a): f"{a.model or 'no model'} ({a.agent or 'unknown agent'})" for a, ab in zip(arms, is_ab) if ab}
+    values = list(names.values())
+    for arm in arms:
+        if id(arm) in names:
+            name = names[id(arm)]
+            arm.arm = arm.label
+            arm.label = name if values.count(name) == 1 else f"{arm.label}: {name}"
+
+
 def find_arms(paths: list[Path]) -> tuple[list[ArmData], dict[str, Any] | None]:
     """Arms from run folders, A/B folders (a/ and b/) or results.tsv files; and the A/B setup."""
     found: list[tuple[str, Path, Path, dict[str, Any] | None]] = []  # (label, ledger, input, setup)
@@ -123,6 +136,7 @@ def find_arms(paths: list[Path]) -> tuple[list[ArmData], dict[str, Any] | None]:
         if labels.count(label) > 1:
             label = f"{Path(source).resolve().name}/{label}"
         arms.append(load_arm(label, ledger_path, setup))
+    name_by_model(arms, [f[3] is not None for f in found])
     if not arms:
         raise HarnessError("no ledgers with rows yet: the runs have not measured a baseline.")
     return arms, ab_setup
@@ -148,15 +162,13 @@ def better(direction: str, value: float, best: float) -> bool:
     return value > best if direction == "maximize" else value < best
 
 
-def value_of(row: dict[str, Any]) -> float | None:
-    """The value a decision compared: the mean over a candidate's runs when it had repeats."""
-    return row.get("mean") if row.get("mean") is not None else row.get("metric")
+value_of = figures.value_of
 
 
 def experiments_of(arm: ArmData) -> list[dict[str, Any]]:
-    """Every candidate after the baseline. Not experiments: `budget` rows (a stop marker) and
-    `repeat` rows (extra training runs of a candidate already counted)."""
-    return [r for r in arm.rows[1:] if r.get("status") not in ("budget", "repeat")]
+    """Every candidate after the baseline (figures.experiments: no baseline attempts, no
+    `budget` rows, no `repeat` rows)."""
+    return figures.experiments(arm.rows)
 
 
 def wall_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -178,14 +190,16 @@ def wasted_train_s(arm: ArmData) -> float:
 
 
 def kept_changes(arm: ArmData) -> list[dict[str, Any]]:
-    out, best = [], value_of(arm.rows[0]) if arm.rows else None
+    out, best = [], figures.headline(arm.rows, arm.metric, arm.direction).baseline
     for r in experiments_of(arm):
         value = value_of(r)
         if r.get("status") != "keep" or value is None:
             continue
         delta = r.get("delta") if r.get("delta") is not None else (None if best is None else value - best)
         out.append({"iteration": r.get("iteration"), "commit": r.get("commit"), "metric": value,
-                    "delta": delta, "description": r.get("description") or ""})
+                    "delta": delta,  # the ledger's: value - best before (negative = lower)
+                    "improvement": None if delta is None else (delta if arm.direction == "maximize" else -delta),
+                    "description": r.get("description") or ""})
         best = value
     return out
 
@@ -198,16 +212,9 @@ def arm_figures(arm: ArmData) -> dict[str, Any]:
     skips = sum(1 for r in exp if r.get("status") == "skip")
     if skips:
         counts["skip"] = skips
-    baseline = value_of(rows[0]) if rows else None
-    best, best_commit = baseline, rows[0].get("commit") if rows else None
-    for r in exp:
-        if r.get("status") == "keep" and value_of(r) is not None and (
-                best is None or better(arm.direction, value_of(r), best)):
-            best, best_commit = value_of(r), r.get("commit")
+    head = figures.headline(rows, arm.metric, arm.direction)  # the one definition of these figures
+    baseline, best, best_commit, improvement = head.baseline, head.best, head.best_commit, head.improvement
     sigmas = [r["sigma"] for r in rows if r.get("sigma") is not None]
-    improvement = None
-    if baseline is not None and best is not None:
-        improvement = best - baseline if arm.direction == "maximize" else baseline - best
     train_s = _sum(rows, "train_s") if has("train_s") else None
     wall_s = _sum(wall_rows(rows), "wall_s") if has("wall_s") else None
     researched = [r for r in exp if r.get("agent_s") is not None]
@@ -220,13 +227,13 @@ def arm_figures(arm: ArmData) -> dict[str, Any]:
         return _sum(exp, key) / len(exp) if has(key) and exp else None
 
     return {
-        "label": arm.label, "ledger": str(arm.ledger), "agent": arm.agent, "model": arm.model,
+        "label": arm.label, "arm": arm.arm, "ledger": str(arm.ledger), "agent": arm.agent, "model": arm.model,
         "metric": arm.metric, "direction": arm.direction,
         "experiments": len(exp), "counts": counts,
         "acceptance_rate": _ratio(counts["keep"], len(exp)),
         "baseline": baseline, "best": best, "best_commit": best_commit,
-        "improvement": improvement,
-        "improvement_pct": None if improvement is None or not baseline else 100 * improvement / abs(baseline),
+        "improvement": improvement, "improvement_pct": head.improvement_pct,
+        "failed_baselines": head.failed_baselines,
         "noise_sigma": sigmas[-1] if sigmas else None,
         "repeat_runs": sum(1 for r in rows if r.get("status") == "repeat"),
         "gpu_minutes_discarded_failed": wasted_train_s(arm) / 60 if has("train_s") else None,

@@ -192,9 +192,9 @@ def blocks(summary: dict[str, Any], images: dict[str, Any]) -> list[tuple]:
         if not f["kept"]:
             out.append(("p", "None yet."))
             continue
-        out.append(("table", ["iteration", "commit", summary["metric"], "delta", "description"],
+        out.append(("table", ["iteration", "commit", summary["metric"], "improvement", "description"],
                     [[fmt(k["iteration"], "text"), k["commit"] or "", fmt(k["metric"]),
-                      fmt(k["delta"], "signed"), k["description"]] for k in f["kept"]]))
+                      fmt(k.get("improvement"), "signed"), k["description"]] for k in f["kept"]]))
     out.append(("h2", "Events"))
     for f in arms:
         shown = f.get("events") or []

@@ -20,9 +20,9 @@ from typing import Any, Callable
 
 import git
 
-from . import __version__, decide, ledger, ledgerguard, pricing, seal, trainenv, trust
+from . import __version__, decide, events, figures, ledger, ledgerguard, pricing, seal, trainenv, trust
 from .agents import Researcher, make_researcher, routing_mismatch
-from .config import RunConfig
+from .config import RunConfig, compare_resume, refusal_message
 from .errors import RepoError
 from .executors import sandbox
 from .gitgate import GitGate, sha256_file
@@ -50,6 +50,7 @@ class Summary:
     output_tokens: int = 0
     cost_usd: float | None = None
     stopped: str = ""
+    headline: figures.Headline | None = None  # figures.py: the one definition of these figures
 
     @property
     def keep_rate(self) -> float:
@@ -310,6 +311,11 @@ def open_run(cfg: RunConfig, resume: bool, progress: Progress = no_progress,
         if changed and not cfg.agent_options.get("force"):
             raise RepoError(f"run {cfg.tag} was started with other researcher routing ({'; '.join(changed)}). "
                             f"Resume with the run's own --agent/--model/--base-url and key, or pass --force.")
+        refused, limits = compare_resume(manifest.get("config", {}), cfg)  # config.py: budget, metric, gate...
+        if refused:
+            raise RepoError(refusal_message(cfg.tag, refused))
+        if limits:
+            events.record(cfg.run_dir, "resume_settings", "limits changed on resume: " + "; ".join(limits))
     else:
         if cfg.worktree.exists() or cfg.ledger_path.exists():
             raise RepoError(f"{cfg.run_dir} already holds a run; choose another --tag or remove it.")
@@ -328,24 +334,14 @@ def open_run(cfg: RunConfig, resume: bool, progress: Progress = no_progress,
 
 
 def summarize(cfg: RunConfig, state: RunState | None, stopped: str) -> Summary:
-    rows = ledger.read_rows(cfg.ledger_path)
-    counts: dict[str, int] = {}
-    for r in rows[1:]:
-        if r["status"] != "repeat":
-            counts[r["status"]] = counts.get(r["status"], 0) + 1
-    costs = [r.get("cost_usd") for r in rows[1:] if r.get("agent_s") is not None]
-    known = [c for c in costs if c is not None]
-    best = ledger.best_row(rows)
+    """The run's figures from its ledger, by the one definition in figures.py."""
+    h = figures.headline(ledger.read_rows(cfg.ledger_path), cfg.metric, cfg.direction)
+    counts = {**h.counts, **({"budget": 1} if h.budget_stop else {})}
     return Summary(
-        tag=cfg.tag, branch=cfg.branch,
-        baseline_value=ledger.decided_value(rows[0]) if rows else None,
-        best_value=ledger.decided_value(best) if best else None,
-        best_commit=best.get("commit", "") if best else "",
-        iterations=sum(counts.values()) - counts.get("budget", 0), counts=counts,
-        input_tokens=sum(r.get("input_tokens") or 0 for r in rows),
-        output_tokens=sum(r.get("output_tokens") or 0 for r in rows),
-        cost_usd=sum(known) if known and len(known) == len(costs) else None,
-        stopped=stopped)
+        tag=cfg.tag, branch=cfg.branch, baseline_value=h.baseline, best_value=h.best,
+        best_commit=h.best_commit, iterations=h.experiments, counts=counts,
+        input_tokens=h.input_tokens, output_tokens=h.output_tokens, cost_usd=h.cost_usd,
+        stopped=stopped, headline=h)
 
 
 def interrupted(cfg: RunConfig, why: str = "Ctrl-C") -> str:

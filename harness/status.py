@@ -1,72 +1,253 @@
-"""`harness status`: a run's summary, computed from its ledger alone."""
+"""`harness status`: a run's figures from its ledger alone (figures.py), as text or JSON.
+
+A tag names a single run (runs/<tag>/results.tsv) or an A/B run (runs/<tag>/a and b, shown side
+by side); `<tag>/a` names one arm. Without a tag, the runs are listed. The text fits the width
+it is given (80 columns, a half-width tmux pane), cutting lines rather than wrapping them.
+"""
 from __future__ import annotations
 
+import json
+import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from . import events, ledger, spend
+from . import events, figures, ledger, spend
 from .errors import HarnessError
+from .recovery import LOCK_NAME
 from .step import pending
 
+ARM_NAMES = ("a", "b")
 
-def find_ledger(repo: Path, tag: str | None) -> Path:
+
+@dataclass
+class RunRef:
+    tag: str
+    run_dir: Path
+    arms: dict[str, Path]  # arm name -> run folder; {"": run_dir} for a single run
+
+    @property
+    def is_ab(self) -> bool:
+        return list(self.arms) != [""]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def find_run(repo: Path, tag: str, must_exist: bool = True) -> RunRef | None:
+    """The run a tag names; None (or a HarnessError when must_exist) if it has not started."""
     runs = Path(repo) / "runs"
-    if tag:
-        path = runs / tag / "results.tsv"
-        if not path.exists():
-            raise HarnessError(f"no ledger for run {tag!r} at {path}; `ls {runs}` lists the runs.")
-        return path
-    found = sorted(runs.glob("*/results.tsv"), key=lambda p: p.stat().st_mtime)
-    if not found:
-        raise HarnessError(f"no runs under {runs}; start one with `harness run`.")
-    return found[-1]
+    run_dir = runs / tag
+    if (run_dir / "ab.json").exists() or any((run_dir / a / "results.tsv").exists() for a in ARM_NAMES):
+        names = sorted(_read_json(run_dir / "ab.json").get("arms", {})) or list(ARM_NAMES)
+        return RunRef(tag, run_dir, {name: run_dir / name for name in names})
+    if (run_dir / "results.tsv").exists() or (run_dir / "run.json").exists():
+        return RunRef(tag, run_dir, {"": run_dir})
+    if must_exist:
+        raise HarnessError(f"no run {tag!r} under {runs} (no results.tsv there yet). `harness status` "
+                           f"lists the runs; `harness status {tag} --watch` waits for this one to start.")
+    return None
 
 
-def render_text(path: Path, last: int = 10, last_events: int = 3) -> str:
+def all_runs(repo: Path) -> list[RunRef]:
+    """Every run under repo/runs, the most recently changed last."""
+    runs = Path(repo) / "runs"
+    found = []
+    for d in runs.iterdir() if runs.is_dir() else []:
+        ref = find_run(repo, d.name, must_exist=False) if d.is_dir() else None
+        if ref is not None:
+            found.append(ref)
+    return sorted(found, key=lambda r: max(_mtime(p / "results.tsv") for p in r.arms.values()))
+
+
+def latest_single(repo: Path) -> str | None:
+    """The tag of the most recent single run (what `harness step` without --tag continues)."""
+    singles = [r for r in all_runs(repo) if not r.is_ab]
+    return singles[-1].tag if singles else None
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+# ---------------------------------------------------------------------------
+# One run's (or arm's) state
+
+
+def supervisor_alive(run_dir: Path) -> bool:
+    """Is a harness driving this run now? It holds an flock on supervisor.lock
+    (recovery.supervisor_lock). Read from /proc/locks, never by taking the lock, which could
+    make a harness starting at that moment refuse the run."""
+    path = Path(run_dir) / LOCK_NAME
+    try:
+        st = path.stat()
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        return False
+    want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    for line in table.splitlines():
+        parts = line.split()
+        if parts[1:2] == ["->"]:  # a process waiting for the lock, not holding it
+            continue
+        if len(parts) >= 6 and parts[1] == "FLOCK":
+            try:
+                major, minor, inode = parts[5].split(":")
+                if (int(major, 16), int(minor, 16), int(inode)) == want:
+                    return True
+            except ValueError:
+                continue
+    return False
+
+
+def arm_state(run_dir: Path, last_events: int = 3) -> dict[str, Any]:
+    """Everything `status` shows for one run folder, as plain data (the --json output)."""
+    path = run_dir / "results.tsv"
     rows = ledger.read_rows(path)
-    metric = ledger.metric_name(path) or "metric"
-    if not rows:
-        return f"{path}: no rows yet (the baseline is still training)"
-    counts: dict[str, int] = {}
-    for r in rows[1:]:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
-    base = ledger.decided_value(rows[0])
-    best = ledger.best_row(rows)
-    best_value = ledger.decided_value(best) if best else None
-    tokens_in = sum(r.get("input_tokens") or 0 for r in rows)
-    tokens_out = sum(r.get("output_tokens") or 0 for r in rows)
-    costs = [r.get("cost_usd") for r in rows[1:] if r.get("agent_s") is not None]
-    cost = "unknown" if any(c is None for c in costs) else f"${sum(costs):.4f}"
-    evaluated = sum(v for k, v in counts.items() if k not in ("budget", "repeat"))
-    lines = [
-        f"run: {path.parent.name}   ledger: {path}",
-        f"experiments: {evaluated}   " + "  ".join(f"{k}: {v}" for k, v in sorted(counts.items())),
-        f"baseline {metric}: {fmt(base)}   best: {fmt(best_value)} ({best.get('commit', '') if best else ''})"
-        + (f"   improvement: {best_value - base:+.6f}" if base is not None and best_value is not None else ""),
-        f"tokens in/out: {tokens_in}/{tokens_out}   cost: {cost}" + unknown_note(rows),
-        "",
-        f"{'iter':>4}  {'commit':12}  {metric:>10}  {'status':8}  description",
+    manifest = _read_json(run_dir / "run.json")
+    cfg = manifest.get("config", {})
+    metric = ledger.metric_name(path) or cfg.get("metric") or "metric"
+    head = figures.headline(rows, metric, cfg.get("direction", "minimize"))
+    live = supervisor_alive(run_dir)
+    journals = [{"iteration": d.get("iteration"), "commit": str(d.get("commit", ""))[:12],
+                 "description": str(d.get("description", ""))} for _, d in pending(run_dir, rows)]
+    happened, _ = events.read(run_dir)
+    return {
+        "run_dir": str(run_dir), "ledger": str(path), "agent": manifest.get("agent"),
+        "model": manifest.get("model"), "live": live, "rows": len(rows),
+        "figures": head.to_json(),
+        "unknown_usage_calls": spend.unknown_calls(rows),  # killed before they reported: budgeted at the largest call
+        # committed candidates without a row: in flight while a harness drives the run,
+        # else left by an interruption for --resume to train
+        "in_flight" if live else "waiting_for_resume": journals,
+        "last_rows": [{k: r.get(k) for k in ("iteration", "commit", "metric", "status", "description")}
+                      for r in rows[-10:]],
+        "events": len(happened), "last_events": happened[-last_events:],
+    }
+
+
+def state(ref: RunRef) -> dict[str, Any]:
+    out: dict[str, Any] = {"tag": ref.tag, "kind": "ab" if ref.is_ab else "run"}
+    if ref.is_ab:
+        out["arms"] = {name: arm_state(d) for name, d in ref.arms.items()}
+    else:
+        out.update(arm_state(ref.run_dir))
+    return out
+
+
+def render_json(ref: RunRef) -> str:
+    return json.dumps(state(ref), indent=2, default=str)
+
+
+# ---------------------------------------------------------------------------
+# Text
+
+
+def fmt(value: Any, digits: int = 6) -> str:
+    return "unknown" if value is None else f"{value:.{digits}f}"
+
+
+def cut(line: str, width: int) -> str:
+    return line if len(line) <= width else line[: max(1, width - 1)] + "…"
+
+
+def figure_lines(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) pairs: the same figures for a run and for each A/B arm."""
+    f = s["figures"]
+    cost = "unknown" if f["cost_usd"] is None else f"${f['cost_usd']:.4f}"
+    keep = "-" if f["keep_rate"] is None else f"{f['keep_rate']:.0%}"
+    counts = " ".join(f"{k} {v}" for k, v in sorted(f["counts"].items())) or "none yet"
+    better = "higher" if f["direction"] == "maximize" else "lower"
+    now = "running" if s["live"] else "not running"
+    if s.get("in_flight"):
+        now += ", training iteration " + ", ".join(str(j["iteration"]) for j in s["in_flight"])
+    return [
+        ("researcher", f"{s.get('model') or '-'} ({s.get('agent') or '?'})"),
+        ("baseline", fmt(f["baseline"]) + (f" ({f['failed_baselines']} failed)" if f["failed_baselines"] else "")),
+        ("best", fmt(f["best"]) + (f" {f['best_commit'][:7]}" if f["best_commit"] else "")),
+        ("improvement", figures.signed(f["improvement"]) + f" ({better} {f['metric']} is better)"),
+        ("experiments", f"{f['experiments']}, keep rate {keep}"),
+        ("outcomes", counts),
+        ("tokens in/out", f"{f['input_tokens']}/{f['output_tokens']}" + (
+            f" ({s['unknown_usage_calls']} call(s) unknown, budgeted at the largest)" if s.get("unknown_usage_calls") else "")),
+        ("cost", cost),
+        ("supervisor", now),
     ]
-    for r in rows[-last:]:
-        lines.append(f"{r.get('iteration') if r.get('iteration') is not None else '':>4}  "
-                     f"{(r.get('commit') or ''):12}  {fmt(r.get('metric')):>10}  "
-                     f"{r.get('status', ''):8}  {(r.get('description') or '')[:90]}")
-    waiting = pending(path.parent, rows)
-    if waiting:  # committed candidates an interruption left untrained
-        lines += [""] + [f"waiting for --resume: iteration {d['iteration']} ({str(d['commit'])[:12]}) "
-                         f"{str(d.get('description', ''))[:70]}" for _, d in waiting]
-    happened, _ = events.read(path.parent)
-    if happened:  # repairs, restores, health warnings and stops
-        lines += ["", f"events: {len(happened)} (runs/{path.parent.name}/events.log); the latest:"]
-        lines += [f"  {e.get('at', '')}  {e.get('kind', '')}: {str(e.get('message', ''))[:110]}"
-                  for e in happened[-last_events:]]
-    return "\n".join(lines)
 
 
-def fmt(value) -> str:
-    return "-" if value is None else f"{value:.6f}"
+def render_text(ref: RunRef, width: int = 80, last: int = 8) -> str:
+    lines = [f"run {ref.tag}" + (" (A/B)" if ref.is_ab else "") + f"   {ref.run_dir}"]
+    states = {name: arm_state(d) for name, d in ref.arms.items()}
+    if ref.is_ab:
+        lines += side_by_side(states, width)
+    else:
+        s = states[""]
+        lines += [f"{label + ':':14} {value}" for label, value in figure_lines(s)]
+    for name, s in states.items():
+        title = f"arm {name}: " if name else ""
+        if not s["rows"]:
+            lines += ["", f"{title}no rows yet:", "the baseline trains first"]
+            continue
+        metric = s["figures"]["metric"]
+        lines += ["", f"{title}{'iter':>4} {'commit':7} {metric[:9]:>9} {'status':7} description"]
+        for r in s["last_rows"][-last:]:
+            it = "" if r["iteration"] is None else r["iteration"]
+            lines.append(f"{it:>4} {(r['commit'] or '')[:7]:7} {fmt(r['metric']):>9} "
+                         f"{r['status'] or '':7} {r['description'] or ''}")
+        for key, label in (("waiting_for_resume", "waiting for --resume"), ("in_flight", "in flight")):
+            lines += [f"{label}: iteration {j['iteration']} ({j['commit'][:7]}) {j['description']}"
+                      for j in s.get(key, [])]
+        if s["events"]:
+            lines.append(f"events: {s['events']} ({Path(s['run_dir']).name}/events.log); latest:")
+            lines += [f"  {e.get('kind', '')}: {e.get('message', '')}" for e in s["last_events"]]
+    return "\n".join(cut(line, width) for line in lines)
 
 
-def unknown_note(rows: list[dict]) -> str:
-    """How many calls' usage is unknown (killed before they reported): not counted above as zero."""
-    n = spend.unknown_calls(rows)
-    return f"   ({n} call{'s' if n != 1 else ''} with unknown usage, budgeted at the largest call)" if n else ""
+def side_by_side(states: dict[str, dict[str, Any]], width: int) -> list[str]:
+    """The arms' figures in columns: label, then one column per arm."""
+    label_w = 12
+    col_w = max(8, (width - label_w) // max(1, len(states)) - 1)
+    per_arm = {name: figure_lines(s) for name, s in states.items()}
+    lines = [f"{'':{label_w}}" + "".join(f" {cut('arm ' + name, col_w):{col_w}}" for name in states)]
+    for i, (label, _) in enumerate(next(iter(per_arm.values()))):
+        cells = "".join(f" {cut(per_arm[name][i][1], col_w):{col_w}}" for name in states)
+        lines.append(f"{cut(label, label_w):{label_w}}" + cells)
+    return [line.rstrip() for line in lines]
+
+
+def render_list(repo: Path, width: int = 80) -> str:
+    """`harness status` without a tag: one line per run."""
+    refs = all_runs(repo)
+    if not refs:
+        raise HarnessError(f"no runs under {Path(repo) / 'runs'}; start one with `harness run`.")
+    lines = [f"{'tag':16} {'kind':4} {'exp':>4} {'best':>10} {'improvement':>11}  updated"]
+    for ref in refs:
+        for name, d in ref.arms.items():
+            s = arm_state(d)
+            f = s["figures"]
+            label = f"{ref.tag}/{name}" if name else ref.tag
+            when = time.strftime("%m-%d %H:%M", time.localtime(_mtime(d / "results.tsv"))) if s["rows"] else "-"
+            lines.append(f"{label:16} {'ab' if name else 'run':4} {f['experiments']:>4} {fmt(f['best']):>10} "
+                         f"{figures.signed(f['improvement']):>11}  {when}{'  running' if s['live'] else ''}")
+    lines.append("")
+    lines.append(f"`harness status TAG` for one run (the latest: {refs[-1].tag}).")
+    return "\n".join(cut(line, width) for line in lines)
+
+
+def waiting_text(repo: Path, tag: str) -> str:
+    return (f"run {tag}: not started yet\nwaiting for its first row\n(the baseline trains first)\n"
+            f"under {Path(repo) / 'runs'}")
+
+
+def terminal_width(default: int = 80) -> int:
+    try:
+        return os.get_terminal_size().columns
+    except OSError:
+        return int(os.environ.get("COLUMNS", default))

@@ -308,6 +308,7 @@ def commit_candidate(ctx: Context, state: RunState, cand: Candidate, trailers: s
                f"Harness-Iteration: {cand.iteration}\nHarness-Agent: {ctx.researcher.name}\n"
                f"Harness-Model: {cand.model or '-'}\n{trailers}")
     cand.commit = ctx.wt.commit(cfg.editable, message)
+    ctx.wt.keep_reachable(cfg.tag, cand.iteration, cand.commit)  # survives the reset and `git gc`
     return True
 
 

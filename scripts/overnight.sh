@@ -20,6 +20,9 @@ if git -C "$repo" rev-parse --verify --quiet "refs/heads/autoresearch/$tag" >/de
 fi
 run_cmd=$(printf '%q ' harness run --repo "$repo" --tag "$tag" $resume "$@")
 tmux new-session -d -s "$session" -c "$repo" "$run_cmd; echo 'run ended; press enter'; read"
-tmux split-window -h -t "$session" -c "$repo" "sleep 5; harness status $(printf '%q' "$tag") --repo $(printf '%q' "$repo") --watch"
+# The status pane waits for the run's first row (the baseline trains first) and stays open if
+# it ever ends, so its last words can be read.
+status_cmd=$(printf '%q ' harness status "$tag" --repo "$repo" --watch)
+tmux split-window -h -t "$session" -c "$repo" "$status_cmd; echo 'status ended; press enter'; read"
 tmux select-pane -t "$session:0.0"
 echo "started $session: tmux attach -t $session"

@@ -75,13 +75,14 @@ def recompute(path: Path) -> dict:
 
 def check_report(run_dir: Path, winner: str) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["verdict"]["winner"] == winner
-    assert f"Winner: {winner}" in (run_dir / "report.md").read_text()
+    label = next(a["label"] for a in summary["arms"] if a["arm"] == winner)  # arms are named by model
+    assert summary["verdict"]["winner"] == label
+    assert f"Winner: {label}" in (run_dir / "report.md").read_text()
     for arm in summary["arms"]:
-        expected = recompute(run_dir / arm["label"] / "results.tsv")
+        expected = recompute(run_dir / arm["arm"] / "results.tsv")
         for key, want in expected.items():
             assert arm[key] == pytest.approx(want), (arm["label"], key)
-        rows = ledger.read_rows(run_dir / arm["label"] / "results.tsv")
+        rows = ledger.read_rows(run_dir / arm["arm"] / "results.tsv")
         counts = {s: sum(1 for r in primary(rows)[1:] if r["status"] == s) for s in arm["counts"]}
         assert arm["counts"] == counts
     html = (run_dir / "report.html").read_text()
@@ -110,7 +111,7 @@ def test_interleave_alternates_and_names_the_good_arm(repo: Path):
         assert git(repo, "rev-parse", f"autoresearch/il-{arm}")
     assert setup["arms"]["b"]["model"] == "gpt-5.3-codex-spark" and setup["schedule"] == "interleave"
     summary = check_report(run_dir, "a")
-    assert summary["convergent"]["per_arm"]["a"]["hyperparameters"] == ["VALUE"]
+    assert summary["convergent"]["per_arm"]["gpt-5.4 (scripted)"]["hyperparameters"] == ["VALUE"]  # by model
     assert summary["convergent"]["hyperparameters"] == []  # b kept nothing
     assert result.summaries["a"].best_value == pytest.approx(0.7)
     assert "mixes scaffolds" not in (run_dir / "report.md").read_text()
@@ -222,18 +223,17 @@ def test_hours_are_per_arm_the_arms_own_time_carried_across_resume(repo: Path):
 def test_cli_ab_then_report(repo: Path):
     runner = CliRunner()
     result = runner.invoke(main, ["ab", "--repo", str(repo), "--tag", "cli", "--agent", "mutate",
-                                  "--model-a", "gpt-5.4", "--model-b", "spark", "--iterations", "2"],
-                           catch_exceptions=False)
+                                  "--iterations", "2"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     run_dir = repo / "runs" / "cli"
     assert result.stdout.strip() == str(run_dir / "report.md")
     setup = json.loads((run_dir / "ab.json").read_text())
-    assert setup["arms"]["a"]["agent"] == "mutate" and setup["arms"]["a"]["model"] == "gpt-5.4"
+    assert setup["arms"]["a"]["agent"] == "mutate" and setup["arms"]["a"]["model"] is None
     (run_dir / "summary.json").unlink()
     result = runner.invoke(main, ["report", str(run_dir)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert [a["label"] for a in summary["arms"]] == ["a", "b"]
+    assert [a["label"] for a in summary["arms"]] == ["a: no model (mutate)", "b: no model (mutate)"]
     assert all(a["experiments"] == 2 for a in summary["arms"])
     # Several runs need --out; two single ledgers compare like arms.
     a, b = run_dir / "a" / "results.tsv", run_dir / "b" / "results.tsv"

@@ -32,8 +32,9 @@ def test_run_with_mutate_then_status(repo: Path):
     assert all("->" in r["description"] for r in rows[1:])
     assert all(r["status"] in ("keep", "discard", "crash") for r in rows[1:])
     out = harness("status", "night", "--repo", str(repo)).output
-    assert "experiments: 4" in out and "baseline val_bpb: 1.000000" in out
-    assert harness("status", "--repo", str(repo)).output == out  # the latest run by default
+    assert "experiments:   4," in out and "baseline:      1.000000" in out
+    listed = harness("status", "--repo", str(repo)).output  # no tag: the runs, one a line
+    assert listed.splitlines()[1].split()[:3] == ["night", "run", "4"]
     # The same seed proposes the same edits.
     harness("run", "--repo", str(repo), "--tag", "again", "--agent", "mutate", "--iterations", "4")
     again = [r for r in ledger.read_rows(repo / "runs/again/results.tsv") if r["status"] != "repeat"]

@@ -72,7 +72,8 @@ def test_karpathy_five_columns_unknown_is_never_zero(tmp_path: Path):
         assert line.endswith("| unknown |"), line
     # The crash's 0.000000 is karpathy/autoresearch's placeholder, not a result.
     assert arm["kept"] == [{"iteration": None, "commit": "b2c3d4e", "metric": pytest.approx(0.9932),
-                            "delta": pytest.approx(-0.0047), "description": "increase LR to 0.04"}]
+                            "delta": pytest.approx(-0.0047), "improvement": pytest.approx(0.0047),
+                            "description": "increase LR to 0.04"}]
     assert "Unknown" in md  # convergent findings need a checkout with the commits
     assert (tmp_path / "report.html").exists() and (tmp_path / "summary.json").exists()
 
