@@ -104,6 +104,7 @@ def run_check(cfg: RunConfig, hours: float) -> CheckReport:
     researcher = make_researcher(cfg.agent, cfg.model, options)
     gate = GitGate(cfg.repo)
     base = gate.require_commit(cfg.from_rev)
+    created = not cfg.run_dir.exists()  # a folder the check makes goes with it
     tmp = cfg.run_dir / "scratch"
     worktree = tmp / "worktree"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -138,9 +139,10 @@ def run_check(cfg: RunConfig, hours: float) -> CheckReport:
             pass
         shutil.rmtree(tmp, ignore_errors=True)
         gate.prune()
-        for folder in (cfg.run_dir / "procs", cfg.run_dir, cfg.run_dir.parent):  # left as it was found
-            with contextlib.suppress(OSError):
-                folder.rmdir()
+        if created:
+            shutil.rmtree(cfg.run_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            cfg.run_dir.parent.rmdir()  # runs/, when the check made it and nothing else is there
     usage = proposal.usage
     model = pricing.resolve_model(cfg.model)
     cost, cost_source = pricing.call_cost(model, usage)

@@ -105,13 +105,15 @@ def run_options(fn):
 
 AGENT_OPTIONS = ("wire_api", "base_url", "temperature", "reasoning_effort", "request_timeout",
                  "max_retries", "repair_turns", "prices", "force", "executable", "agent_args")
-NOT_GIVEN = (None, False, ())  # an option left out (a repeatable one gives ())
+def given(value: Any) -> bool:
+    """An option the user gave: not left out (None, an unset flag, a repeatable one's ()); 0 counts."""
+    return not (value is None or value is False or value == ())
 
 
 def build_config(repo: Path, tag: str | None, resume: bool = False, **flags: Any):
     tag = tag or default_tag(repo)
     options = {k: flags.pop(k) for k in AGENT_OPTIONS if k in flags}
-    flags["agent_options"] = {k: v for k, v in options.items() if v not in NOT_GIVEN} or None
+    flags["agent_options"] = {k: v for k, v in options.items() if given(v)} or None
     flags["agent"] = pick_agent(repo, flags.get("agent"), flags.get("model"), flags["agent_options"])
     if resume:  # the run keeps the settings it was measured with (config.with_run_settings)
         flags = with_run_settings(Path(repo).resolve() / "runs" / tag, flags)
@@ -339,7 +341,7 @@ def ab(repo, tag, resume, agent, model, agent_a, agent_b, model_a, model_b, arm_
     from .arms import parse_arm
 
     options = {k: flags.pop(k) for k in AGENT_OPTIONS if k in flags}
-    flags["agent_options"] = {k: v for k, v in options.items() if v not in NOT_GIVEN} or None
+    flags["agent_options"] = {k: v for k, v in options.items() if given(v)} or None
     if arm_specs and (agent_a or agent_b or model_a or model_b):
         raise click.UsageError("use either --arm (a tournament) or --agent-a/--model-a/--agent-b/--model-b")
     tag = tag or default_tag(repo, prefix="ab-")
@@ -372,19 +374,24 @@ def ab(repo, tag, resume, agent, model, agent_a, agent_b, model_a, model_b, arm_
 
 # --- what `harness ab` says about its arms (labels, the model -> agent pick) ---------------
 
-def ab_watched(repo: Path, tag: str, arms: dict[str, tuple[str | None, str | None]],
-               flags: dict[str, Any]) -> list[Watched]:
-    """The arms as the screen shows them: labelled by model and researcher, not a/b."""
+def ab_watched(repo: Path, tag: str, arms: dict[str, tuple[str | None, str | None]] | list,
+               flags: dict[str, Any], repeats: int = 1) -> list[Watched]:
+    """The arms (or a tournament's units) as the screen shows them: labelled by model and
+    researcher, not a/b."""
+    from .ab import unit_name
     from .pricing import resolve_model
     settings, _ = read_repo_settings(Path(repo))
     setup_path = Path(repo).resolve() / "runs" / tag / "ab.json"
     old = json.loads(setup_path.read_text()).get("arms", {}) if setup_path.exists() else {}
+    pairs = arms.items() if isinstance(arms, dict) else [(a.name, (a.agent, a.model)) for a in arms]
     out = []
-    for name, (agent, model) in arms.items():
-        agent = agent or old.get(name, {}).get("agent") or settings.get("agent") or "mutate"
-        model = resolve_model(model) or old.get(name, {}).get("model")
-        out.append(Watched(name, f"{model or 'no model'} ({agent})", Path(repo).resolve() / "runs" / tag / name,
-                           hours=flags.get("hours"), iterations=flags.get("iterations")))
+    for arm, (agent, model) in pairs:
+        for k in range(repeats):
+            name = unit_name(arm, k, repeats)
+            agent_ = agent or old.get(name, {}).get("agent") or settings.get("agent") or "mutate"
+            model_ = resolve_model(model) or old.get(name, {}).get("model")
+            out.append(Watched(name, f"{model_ or 'no model'} ({agent_})", Path(repo).resolve() / "runs" / tag / name,
+                               hours=flags.get("hours"), iterations=flags.get("iterations")))
     return out
 
 

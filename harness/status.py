@@ -175,8 +175,7 @@ def figure_lines(s: dict[str, Any]) -> list[tuple[str, str]]:
         ("improvement", figures.signed(f["improvement"]) + f" ({better} {f['metric']} is better)"),
         ("experiments", f"{f['experiments']}, keep rate {keep}"),
         ("outcomes", counts),
-        ("tokens in/out", f"{f['input_tokens']}/{f['output_tokens']}" + (
-            f" ({s['unknown_usage_calls']} call(s) unknown, budgeted at the largest)" if s.get("unknown_usage_calls") else "")),
+        ("tokens in/out", f"{f['input_tokens']}/{f['output_tokens']}" + unknown_note(s.get("unknown_usage_calls") or 0)),
         ("cost", cost),
         ("supervisor", now),
     ]
@@ -251,3 +250,8 @@ def terminal_width(default: int = 80) -> int:
         return os.get_terminal_size().columns
     except OSError:
         return int(os.environ.get("COLUMNS", default))
+
+
+def unknown_note(n: int) -> str:
+    """How many calls' usage is unknown (killed before they reported): not counted above as zero."""
+    return f" ({n} call{'s' if n != 1 else ''} with unknown usage, budgeted at the largest call)" if n else ""

@@ -36,7 +36,7 @@ def test_kind_names_the_backend():
     ("x=", "no agent after the name"),
     ("=codex", "the name '' must be"),
     ("bad name=codex", "the name 'bad name' must be"),
-    ("x=gemini:pro", "unknown agent 'gemini'; choose one of: mutate, openai, codex, claude, cmd:TEMPLATE"),
+    ("x=bard:pro", "unknown agent 'bard'; choose one of: mutate, openai, codex, claude, gemini, cmd:TEMPLATE"),
     ("x=claude:opus,reasoning_effort=high", "option 'reasoning_effort' does not apply to agent claude; it takes:"),
     ("x=mutate,seed=two", "seed='two' must be a whole number"),
     ("x=openai:m,temperature=hot", "temperature='hot' must be a number"),

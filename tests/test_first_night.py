@@ -357,7 +357,7 @@ def test_status_beside_a_live_run_shows_the_candidate_in_flight(tmp_path: Path):
                              "--iterations", "1", "--baseline-runs", "1", "--time-budget", "30"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        journal, deadline = repo / "runs/lv/inflight.json", time.monotonic() + 60
+        journal, deadline = repo / "runs/lv/inflight-0a.json", time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
                 if json.loads(journal.read_text()).get("phase") == "train":

@@ -74,3 +74,26 @@ class Executor(Protocol):
     def close(self) -> None:
         """Cancel every job, wait for them to be gone, release what the executor holds."""
         ...
+
+
+class ThreadedExecutor:
+    """What the executors share: a thread per submitted job; run() = submit(job).result(), and a
+    KeyboardInterrupt while waiting cancels the job."""
+
+    threads: list[threading.Thread]
+
+    def submit(self, job: Job) -> JobFuture:
+        raise NotImplementedError
+
+    def run(self, job: Job) -> TrainResult:
+        future = self.submit(job)
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            future.cancel()
+            raise
+
+    def _start(self, target, future: JobFuture, name: str) -> None:
+        thread = threading.Thread(target=target, args=(future,), name=name, daemon=True)
+        self.threads = [t for t in self.threads if t.is_alive()] + [thread]
+        thread.start()

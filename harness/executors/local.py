@@ -19,7 +19,7 @@ from ..config import RunConfig
 from ..gitgate import GitGate, Worktree
 from ..runner import TrainResult
 from . import evaluation
-from .base import Job, JobFuture
+from .base import Job, JobFuture, ThreadedExecutor
 
 
 def train_once(cfg: RunConfig, worktree: Path, log_path: Path, seed: int, gpu: str | None = None,
@@ -41,7 +41,7 @@ class Slot:
     worktree: Worktree | None = None
 
 
-class LocalExecutor:
+class LocalExecutor(ThreadedExecutor):
     def __init__(self, repo: Path, root: Path, gpus: tuple[str, ...] = ()):
         self.gate = GitGate(repo)
         self.root = Path(root)
@@ -66,18 +66,8 @@ class LocalExecutor:
                 future.set_exception(KeyboardInterrupt("the executor is closed"))
                 return future
             self.waiting.append(future)
-        thread = threading.Thread(target=self._work, args=(future,), name=f"job-{job.name}", daemon=True)
-        self.threads = [t for t in self.threads if t.is_alive()] + [thread]
-        thread.start()
+        self._start(self._work, future, f"job-{job.name}")
         return future
-
-    def run(self, job: Job) -> TrainResult:
-        future = self.submit(job)
-        try:
-            return future.result()
-        except KeyboardInterrupt:
-            future.cancel()
-            raise
 
     def _take(self, future: JobFuture) -> Slot | None:
         """Wait until future is first in line and a slot is free; None when it was cancelled."""

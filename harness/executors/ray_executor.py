@@ -30,7 +30,7 @@ from ..errors import ClusterError
 from ..runner import TrainResult
 from . import ray_worker
 from .ray_cluster import archive, connect, fits, import_ray, ray_options
-from .base import Job, JobFuture
+from .base import Job, JobFuture, ThreadedExecutor
 
 POLL_S = 0.2  # s between checks of a job's cancel flag while its task runs
 GRACEFUL_CANCEL_S = 15.0  # s a cancelled task has to kill its job itself before Ray kills the worker
@@ -47,7 +47,7 @@ class Infrastructure(Exception):
         self.reason, self.node_id = reason, node_id
 
 
-class RayExecutor:
+class RayExecutor(ThreadedExecutor):
     def __init__(self, repo: Path, folder: Path, address: str | None = None,
                  resources: dict[str, float] | None = None, slots: int | None = None):
         self.ray = import_ray()
@@ -87,18 +87,8 @@ class RayExecutor:
                 future.set_exception(KeyboardInterrupt("the executor is closed"))
                 return future
             self.futures.add(future)
-        thread = threading.Thread(target=self._work, args=(future,), name=f"ray-{job.name}", daemon=True)
-        self.threads = [t for t in self.threads if t.is_alive()] + [thread]
-        thread.start()
+        self._start(self._work, future, f"ray-{job.name}")
         return future
-
-    def run(self, job: Job) -> TrainResult:
-        future = self.submit(job)
-        try:
-            return future.result()
-        except KeyboardInterrupt:
-            future.cancel()
-            raise
 
     def close(self) -> None:
         """Cancel every job (their tasks too), wait for them, disconnect."""
