@@ -19,8 +19,10 @@ from .netns import Netns, Server, unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".cache" / "npm" / "node_modules" / ".bin"
-# Codex refuses to write its helper files under /tmp, so the throwaway homes live in the project.
-HOMES = ROOT / ".cache" / "homes"
+# Codex refuses to write its helper files under /tmp, so the throwaway homes live in the project,
+# or (a checkout under /tmp, as CI's may be) under /var/tmp.
+HOMES = (Path("/var/tmp/autoresearch-harness-homes") if str(ROOT.resolve()).startswith("/tmp/")
+         else ROOT / ".cache" / "homes")
 WIRES = {"codex": "responses", "claude": "anthropic", "gemini": "gemini"}
 KEYS = {"codex": ("OPENAI_API_KEY", "sk-test-codex-0123456789abcdef"),
         "claude": ("ANTHROPIC_API_KEY", "sk-ant-test-0123456789abcdef"),
