@@ -81,8 +81,24 @@ class ThreadedExecutor:
     KeyboardInterrupt while waiting cancels the job."""
 
     threads: list[threading.Thread]
+    cond: threading.Condition
+    closed: bool
+    thread_prefix = "job"
 
     def submit(self, job: Job) -> JobFuture:
+        future = JobFuture(job)
+        with self.cond:
+            if self.closed:
+                future.set_exception(KeyboardInterrupt("the executor is closed"))
+                return future
+            self._enqueue(future)
+        self._start(self._work, future, f"{self.thread_prefix}-{job.name}")
+        return future
+
+    def _enqueue(self, future: JobFuture) -> None:
+        raise NotImplementedError
+
+    def _work(self, future: JobFuture) -> None:
         raise NotImplementedError
 
     def run(self, job: Job) -> TrainResult:

@@ -19,7 +19,7 @@ from ..config import RunConfig
 from ..gitgate import GitGate, Worktree
 from ..runner import TrainResult
 from . import evaluation
-from .base import Job, JobFuture, ThreadedExecutor
+from .base import JobFuture, ThreadedExecutor
 
 
 def train_once(cfg: RunConfig, worktree: Path, log_path: Path, seed: int, gpu: str | None = None,
@@ -59,15 +59,10 @@ class LocalExecutor(ThreadedExecutor):
     def slots(self) -> int:
         return self.count
 
-    def submit(self, job: Job) -> JobFuture:
-        future = JobFuture(job)
-        with self.cond:
-            if self.closed:
-                future.set_exception(KeyboardInterrupt("the executor is closed"))
-                return future
-            self.waiting.append(future)
-        self._start(self._work, future, f"job-{job.name}")
-        return future
+    thread_prefix = "job"
+
+    def _enqueue(self, future: JobFuture) -> None:
+        self.waiting.append(future)
 
     def _take(self, future: JobFuture) -> Slot | None:
         """Wait until future is first in line and a slot is free; None when it was cancelled."""

@@ -80,15 +80,10 @@ class RayExecutor(ThreadedExecutor):
 
     # -- the interface -----------------------------------------------------------------------
 
-    def submit(self, job: Job) -> JobFuture:
-        future = JobFuture(job)
-        with self.cond:
-            if self.closed:
-                future.set_exception(KeyboardInterrupt("the executor is closed"))
-                return future
-            self.futures.add(future)
-        self._start(self._work, future, f"ray-{job.name}")
-        return future
+    thread_prefix = "ray"
+
+    def _enqueue(self, future: JobFuture) -> None:
+        self.futures.add(future)
 
     def close(self) -> None:
         """Cancel every job (their tasks too), wait for them, disconnect."""
