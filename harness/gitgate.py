@@ -17,6 +17,7 @@ from .errors import RepoError
 HARNESS_NAME = "autoresearch-harness"
 HARNESS_EMAIL = "harness@localhost"
 EXCLUDES = ("/runs/", "/results.tsv")  # written into .git/info/exclude, never into .gitignore
+PACK_REFS_EVERY = 50  # iterations between packing the tried refs into packed-refs (see Worktree.pack_refs)
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,16 @@ class Worktree:
         self.repo = git.Repo(self.path)
         self._clear_stale_lock()
 
+    def close(self) -> None:
+        """Stop GitPython's persistent `git cat-file` processes now, not whenever the object is collected."""
+        self.repo.close()
+
+    def __enter__(self) -> "Worktree":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def _clear_stale_lock(self) -> None:
         lock = Path(self.repo.git_dir) / "index.lock"
         if lock.exists():
@@ -187,7 +198,18 @@ class Worktree:
         invalid candidate that is reset away survives `git gc`. Returns the ref's name."""
         name = f"refs/autoresearch/{tag}/tried/{iteration:04d}"
         self.repo.git.update_ref(name, commit)
+        if iteration % PACK_REFS_EVERY == 0:
+            self.pack_refs()
         return name
+
+    def pack_refs(self) -> None:
+        """Move loose refs into packed-refs (what `git gc` does), so that listing them (the git guard,
+        twice an iteration) reads one file instead of one file per tried candidate. Only a speed-up:
+        a concurrent ref update that holds a lock makes it a no-op this time."""
+        try:
+            self.repo.git.pack_refs("--all")
+        except git.GitCommandError:
+            pass
 
     def _identity(self, key: str, default: str) -> str:
         try:

@@ -103,7 +103,7 @@ class Monitor:
         with self.lock:
             ledgerguard.sync(self.cfg.ledger_path)
             self.echo()
-            rows = ledger.read_rows(self.cfg.ledger_path)
+            rows = ledger.read_rows(self.cfg.ledger_path, copy=False)  # looked at, never changed
         session = [r for r in candidates(rows) if r["iteration"] > self.session_start]
         run = 0  # failures in a row at the end of this session
         while run < len(session) and session[-1 - run]["status"] in FAILED:

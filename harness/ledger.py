@@ -8,7 +8,9 @@ from __future__ import annotations
 import csv
 import math
 import io
+import os
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,32 +129,46 @@ def append(path: Path, metric: str, row: Row) -> None:
 
 
 # Parsed rows of each ledger read, so a long night does not parse every row again at every read:
-# path -> (the bytes parsed, their rows). Only lines appended since are parsed.
-_PARSED: dict[str, tuple[bytes, list[dict[str, Any]]]] = {}
+# path -> (the file's signature when read, the bytes parsed, their rows). An unchanged file is not
+# read again; of a changed one only the lines appended since are parsed.
+_PARSED: dict[str, tuple[tuple | None, bytes, list[dict[str, Any]]]] = {}
 _PARSED_LOCK = threading.Lock()
+FRESH_NS = 100_000_000  # ns: a ledger changed this recently is read again whatever its signature
 
 
-def read_rows(path: Path) -> list[dict[str, Any]]:
+def read_rows(path: Path, copy: bool = True) -> list[dict[str, Any]]:
     """Rows as dicts with numeric columns parsed (None where empty or absent).
 
-    A torn last line (no trailing newline after a crash mid-write) is ignored.
+    A torn last line (no trailing newline after a crash mid-write) is ignored. copy=False returns
+    the cached dicts themselves, for the per-iteration readers that only look (no O(rows) copy).
     """
+    key = str(Path(path).resolve())
     try:
-        data = Path(path).read_bytes()
+        sig = _signature(os.stat(key))
     except FileNotFoundError:
         return []
-    end = data.rfind(b"\n") + 1  # a torn last line: never completed
-    data = data[:end]
-    key = str(Path(path).resolve())
     with _PARSED_LOCK:
-        seen, rows = _PARSED.get(key, (b"", []))
-    if not (seen and data.startswith(seen)):
-        seen, rows = b"", []
-    if len(data) > len(seen):
-        rows = rows + _parse_lines(data, len(seen))
+        seen_sig, seen, rows = _PARSED.get(key, (None, b"", []))
+    if sig != seen_sig or time.time_ns() - sig[3] < FRESH_NS:  # changed: parse what is new since
+        try:
+            data = Path(key).read_bytes()
+        except FileNotFoundError:
+            return []
+        data = data[:data.rfind(b"\n") + 1]  # a torn last line: never completed
+        if not (seen and data.startswith(seen)):
+            seen, rows = b"", []
+        if len(data) > len(seen):
+            rows = rows + _parse_lines(data, len(seen))
         with _PARSED_LOCK:
-            _PARSED[key] = (data, rows)
-    return [dict(r) for r in rows]
+            _PARSED[key] = (sig, data, rows)
+    return [dict(r) for r in rows] if copy else list(rows)
+
+
+def _signature(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What changes whenever a file's bytes do (ctime cannot be set back by a process). File
+    times tick in steps of the kernel's coarse clock, so a signature younger than FRESH_NS
+    could still hide a same-size rewrite in the same tick: such a file is read again."""
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def _parse_lines(data: bytes, start: int) -> list[dict[str, Any]]:

@@ -76,7 +76,7 @@ def propose(ctx: Context, state: RunState, iteration: int, parent: str, note: st
     """Reset the worktree to parent and ask the researcher for one change."""
     cfg = ctx.cfg
     ctx.wt.reset_hard(parent)
-    rows = ledger.read_rows(cfg.ledger_path)
+    rows = ledger.read_rows(cfg.ledger_path, copy=False)  # looked at, never changed
     text = prompt.render(
         ctx.program_text, metric=cfg.metric, direction=cfg.direction,
         best=ledger.best_row(rows), rows=rows, history_rows=cfg.history_rows,

@@ -340,6 +340,30 @@ def test_every_ledger_commit_survives_gc(repo: Path):
         git(repo, "cat-file", "-e", f"{r['commit']}^{{commit}}")  # raises if gc deleted it
 
 
+def test_tried_refs_are_packed_so_listing_them_stays_one_file(repo: Path):
+    """Every PACK_REFS_EVERY-th tried ref packs the loose ones: the git guard lists refs twice an
+    iteration, and a night of loose refs would make that one file read per candidate."""
+    from harness.gitgate import PACK_REFS_EVERY, Worktree
+    wt = Worktree(repo)
+    head = git(repo, "rev-parse", "HEAD").strip()
+    for i in range(1, PACK_REFS_EVERY + 3):
+        wt.keep_reachable("p", i, head)
+    loose = sorted(p.name for p in (repo / ".git/refs/autoresearch/p/tried").glob("*"))
+    assert loose == [f"{i:04d}" for i in (PACK_REFS_EVERY + 1, PACK_REFS_EVERY + 2)]
+    assert f"refs/autoresearch/p/tried/{1:04d}" in (repo / ".git/packed-refs").read_text()
+    refs = git(repo, "for-each-ref", "--format=%(refname)", "refs/autoresearch/p/tried").split()
+    assert len(refs) == PACK_REFS_EVERY + 2  # all still there, packed or loose
+
+
+def test_the_ledger_is_read_again_when_it_changed_in_place(tmp_path: Path):
+    """read_rows skips an unchanged file; an edit of the same size is still seen (its ctime moved)."""
+    path = tmp_path / "results.tsv"
+    path.write_text("iteration\tval_bpb\tstatus\n1\t1.5\tkeep\n")
+    assert ledger.read_rows(path)[0]["metric"] == 1.5
+    path.write_text("iteration\tval_bpb\tstatus\n1\t1.4\tkeep\n")
+    assert ledger.read_rows(path)[0]["metric"] == 1.4
+
+
 def test_two_runs_without_a_tag_the_same_day(repo: Path):
     run_cli("run", "--repo", repo, "--agent", "mutate", "--iterations", "1", "--baseline-runs", "1")
     run_cli("run", "--repo", repo, "--agent", "mutate", "--iterations", "1", "--baseline-runs", "1")

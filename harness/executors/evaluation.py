@@ -78,7 +78,8 @@ def baseline_commit(cfg: RunConfig, worktree: Path) -> str:
     try:
         return json.loads((cfg.run_dir / "run.json").read_text())["baseline_commit"]
     except (OSError, ValueError, KeyError):
-        return Worktree(worktree).head()  # a throwaway run: HEAD is the baseline
+        with Worktree(worktree) as wt:
+            return wt.head()  # a throwaway run: HEAD is the baseline
 
 
 def hidden_paths(cfg: RunConfig, worktree: Path, hide_data: bool) -> list[Path]:
@@ -203,7 +204,9 @@ def within_budget(cfg: RunConfig, where: Path, worktree: Path, base: str, result
         return result
     reported = result.metrics.get("training_seconds")
     reported = reported if isinstance(reported, float) and math.isfinite(reported) else None
-    if Worktree(worktree).head() == base:
+    with Worktree(worktree) as wt:
+        at_base = wt.head() == base
+    if at_base:
         budget.calibrate(where, base, result.train_s, reported, cfg.time_budget)
         return result
     verdict = budget.judge(result.train_s, cfg.time_budget, budget.allowance(where), reported)
@@ -218,7 +221,8 @@ def materialise(worktree: Path, commit: str, protected: tuple[str, ...], dest: P
     """The protected files as committed at commit (from git's objects, not the worktree) in dest."""
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
-    return Worktree(worktree).export(commit, protected, dest)
+    with Worktree(worktree) as wt:
+        return wt.export(commit, protected, dest)
 
 
 def harness_env(extra: dict[str, str]) -> dict[str, str]:
