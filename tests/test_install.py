@@ -1,7 +1,7 @@
 """What the install carries: the supervisor's own needs in the core, the rest in extras that exist.
 
 The wheel is built (hatchling, no network) and its metadata read; the supervisor is run with
-torch, pandas, matplotlib and mlflow made unimportable; the manifest's torch is the training
+torch, matplotlib, mlflow and ray made unimportable; the manifest's torch is the training
 interpreter's.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 
 from conftest import ROOT, make_repo
 
-HEAVY = ("torch", "pandas", "matplotlib", "mlflow", "ray")  # never pulled by `pip install autoresearch-harness`
+HEAVY = ("torch", "matplotlib", "mlflow", "ray")  # never pulled by `pip install autoresearch-harness`
 
 
 def requirement_name(line: str) -> str:
@@ -48,7 +48,7 @@ def wheel_metadata(tmp_path_factory) -> dict[str, list[str]]:
 
 def test_core_install_carries_only_what_the_supervisor_imports(wheel_metadata):
     core = wheel_metadata[""]
-    assert {"openai", "gitpython", "click", "rich"} <= set(core)
+    assert {"openai", "gitpython", "click", "rich", "pandas"} <= set(core)  # pandas: the tabular work
     assert not set(HEAVY) & set(core), core
     assert "torch" in wheel_metadata["workload"]
     assert "matplotlib" in wheel_metadata["report"] and "mlflow" in wheel_metadata["track"]
@@ -58,7 +58,7 @@ def test_core_install_carries_only_what_the_supervisor_imports(wheel_metadata):
 
 
 def shadow(tmp_path: Path) -> Path:
-    """A PYTHONPATH folder whose torch, pandas, matplotlib and mlflow raise on import."""
+    """A PYTHONPATH folder whose torch, matplotlib, mlflow and ray raise on import."""
     root = tmp_path / "shadow"
     for name in HEAVY:
         (root / name).mkdir(parents=True)
