@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import venv
@@ -96,17 +97,19 @@ def test_the_supervisor_never_imports_torch(tmp_path: Path):
     assert not (repo / "runs/noray/results.tsv").exists()
 
 
-def fake_interpreter(tmp_path: Path, torch_version: str | None) -> Path:
-    """A venv's python (no pip, no system packages) with a stand-in torch distribution, or none."""
-    env_dir = tmp_path / f"venv-{torch_version}"
+def fake_interpreter(tmp_path: Path, torch_version: str | None, *others: str) -> Path:
+    """A venv's python (no pip, no system packages) with stand-in distributions: torch (unless
+    None) and the others named, each at its version ("safetensors==0.0.2"), or none."""
+    env_dir = tmp_path / f"venv-{torch_version}-{'-'.join(others)}"
     venv.EnvBuilder(with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
-    if torch_version:
-        purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                 capture_output=True, text=True, check=True).stdout.strip()
-        dist = Path(purelib) / f"torch-{torch_version}.dist-info"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    for spec in ([f"torch=={torch_version}"] if torch_version else []) + list(others):
+        name, version = spec.split("==")
+        dist = Path(purelib) / f"{name}-{version}.dist-info"
         dist.mkdir(parents=True)
-        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {torch_version}\n")
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
     return python
 
 
@@ -135,12 +138,58 @@ def test_the_manifest_records_the_training_environments_torch(tmp_path: Path, co
         assert "cannot tell the interpreter" in manifest["training_env"]["unknown"]
 
 
-def test_init_example_says_what_to_install_without_torch(tmp_path: Path):
-    """`harness init --example` where the `python` on PATH has no torch: it says how to get it."""
-    python = fake_interpreter(tmp_path, None)
+@pytest.mark.parametrize("torch_version, others, says", [
+    (None, (), "its train.py needs torch and safetensors"),
+    ("0.0.1", (), "its train.py needs safetensors,"),
+    ("0.0.1", ("safetensors==0.0.2",), None),
+])
+def test_init_example_says_what_to_install(tmp_path: Path, torch_version, others, says):
+    """`harness init --example` where the `python` on PATH lacks the workload's torch or safetensors:
+    it names what is missing and the extra that brings it; with both, it says nothing of the kind."""
+    python = fake_interpreter(tmp_path, torch_version, *others)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}"}
     done = subprocess.run([sys.executable, "-m", "harness", "init", "--example", str(tmp_path / "ex")], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "autoresearch-harness[workload]" in " ".join(done.stderr.split())
+    said = " ".join(done.stderr.split())
+    if says:
+        assert says in said and "autoresearch-harness[workload]" in said, said
+    else:
+        assert "needs" not in said and "[workload]" not in said, said
     assert (tmp_path / "ex/train.py").exists()
+
+
+@pytest.mark.parametrize("command, probe", [
+    ("python train.py", ["python", "-c"]),
+    ("env A=1 python3 -u train.py --fast", ["env", "A=1", "python3", "-u", "-c"]),
+    ("/opt/venv/bin/python -m train", ["/opt/venv/bin/python", "-c"]),
+    ("uv run train.py", ["uv", "run", "python", "-c"]),  # karpathy/autoresearch's train_command
+    ("uv run --with torch train.py", ["uv", "run", "--with", "torch", "python", "-c"]),
+    ("poetry run python train.py", ["poetry", "run", "python", "-c"]),
+    ("bash train.sh", None), ("torchrun --nproc-per-node 2 train.py", None), ("python 'train.py", None),
+])
+def test_the_probe_runs_in_the_training_commands_interpreter(command: str, probe):
+    from harness import trainenv
+    argv = trainenv.probe_argv(command)
+    assert (argv if argv is None else argv[:-1]) == probe
+    if argv is not None:
+        assert argv[-1] == trainenv.PROBE
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed on this machine")
+def test_the_manifest_of_a_uv_run_repo_has_uvs_environment(tmp_path: Path):
+    """A `uv run train.py` repo: the versions come from `uv run python`, the environment uv makes."""
+    repo = make_repo(tmp_path / "r")
+    settings = (repo / "harness.toml").read_text()
+    (repo / "harness.toml").write_text(re.sub(r'train_command = ".*"', 'train_command = "uv run train.py"', settings))
+    subprocess.run(["git", "commit", "-qam", "uv"], cwd=repo, check=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "UV_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-m", "harness", "run", "--agent", "mutate", "--iterations", "1",
+                           "--baseline-runs", "1", "--tag", "uv"], cwd=repo, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    training = json.loads((repo / "runs/uv/run.json").read_text())["training_env"]
+    assert training["command"].startswith("uv run python -c"), training
+    ask = subprocess.run(["uv", "run", "python", "-c", "import platform; print(platform.python_version())"],
+                         cwd=repo / "runs/uv/worktree", env=env, capture_output=True, text=True, timeout=120)
+    assert training["python"] == ask.stdout.strip()
