@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, make_repo
+from conftest import FAKE_TRAIN, ROOT, make_repo
 
 HEAVY = ("torch", "matplotlib", "mlflow", "ray")  # never pulled by `pip install autoresearch-harness`
 
@@ -28,12 +28,18 @@ def requirement_name(line: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def wheel_metadata(tmp_path_factory) -> dict[str, list[str]]:
-    """Requires-Dist of the built wheel: extra name ('' = core) -> requirement names."""
+def wheel(tmp_path_factory) -> Path:
+    """The project's wheel, built here (hatchling, no build isolation: no network)."""
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(out), str(ROOT)], check=True, capture_output=True, timeout=300)
-    (wheel,) = out.glob("autoresearch_harness-*.whl")
+    (built,) = out.glob("autoresearch_harness-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def wheel_metadata(wheel: Path) -> dict[str, list[str]]:
+    """Requires-Dist of the built wheel: extra name ('' = core) -> requirement names."""
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
         meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
@@ -193,3 +199,65 @@ def test_the_manifest_of_a_uv_run_repo_has_uvs_environment(tmp_path: Path):
     ask = subprocess.run(["uv", "run", "python", "-c", "import platform; print(platform.python_version())"],
                          cwd=repo / "runs/uv/worktree", env=env, capture_output=True, text=True, timeout=120)
     assert training["python"] == ask.stdout.strip()
+
+
+# ---------------------------------------------------------------------------
+# A fresh virtual environment with the core install only (slow: it installs the wheel's
+# requirements, about 25 s from a local index, then the [report] extra)
+
+AGENT = """import json, re, sys
+from pathlib import Path
+train = Path(sys.argv[1]) / "train.py"
+source = train.read_text()
+value = float(re.search(r"^VALUE = (\\S+)", source, re.M).group(1)) - 0.01
+train.write_text(re.sub(r"^VALUE = \\S+", f"VALUE = {value!r}", source, count=1, flags=re.M))
+print(json.dumps({"description": f"VALUE {value:.2f}", "input_tokens": 100, "output_tokens": 10}))
+"""
+PIP_TIMEOUT_S = 600
+
+
+@pytest.mark.slow
+def test_a_fresh_venv_with_the_core_install_runs_and_reports_without_torch(tmp_path: Path, wheel: Path):
+    """`pip install autoresearch-harness` into a venv without system packages: no torch, and yet
+    `harness run --agent cmd:...` on a sleeping trainer and `harness report` work; `[report]`
+    then brings matplotlib and the report has its plots."""
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True, system_site_packages=False).create(env_dir)
+    python, harness = env_dir / "bin" / "python", env_dir / "bin" / "harness"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env["HOME"] = str(tmp_path)  # pip's cache and config of the user: not this test's business
+
+    def run(*argv, cwd: Path = tmp_path, timeout: float = 300) -> subprocess.CompletedProcess:
+        done = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+        assert done.returncode == 0, (argv, done.stdout[-2000:], done.stderr[-2000:])
+        return done
+
+    run(python, "-m", "pip", "install", "-q", wheel, timeout=PIP_TIMEOUT_S)
+    no_torch = subprocess.run([str(python), "-c", "import torch"], env=env, capture_output=True, text=True)
+    assert no_torch.returncode != 0 and "No module named 'torch'" in no_torch.stderr
+    where = run(python, "-c", "import harness, pandas; print(harness.__file__)").stdout
+    assert where.startswith(str(env_dir)), where  # the installed package, not this checkout
+
+    repo = make_repo(tmp_path / "r", FAKE_TRAIN.replace("SLEEP_S = 0.0", "SLEEP_S = 0.5"))
+    settings = (repo / "harness.toml").read_text()
+    (repo / "harness.toml").write_text(re.sub(r'train_command = ".*"', f'train_command = "{python} train.py"',
+                                              settings))
+    subprocess.run(["git", "commit", "-qam", "train with the venv's python"], cwd=repo, check=True)
+    (tmp_path / "agent.py").write_text(AGENT)
+    run(harness, "run", "--agent", f"cmd:{python} {tmp_path / 'agent.py'} {{workdir}}", "--iterations", 2,
+        "--baseline-runs", 1, "--tag", "fresh", cwd=repo)
+    lines = (repo / "runs/fresh/results.tsv").read_text().splitlines()
+    assert [line.split("\t")[3] for line in lines[1:]] == ["keep", "keep", "keep"], lines
+    manifest = json.loads((repo / "runs/fresh/run.json").read_text())
+    assert manifest["torch"] is None and manifest["training_env"]["python"]  # the venv's, without torch
+
+    report = run(harness, "report", "runs/fresh", cwd=repo)
+    md = (repo / "runs/fresh/report.md").read_text()
+    assert "No plots: install matplotlib (pip install 'autoresearch-harness[report]')" in md + report.stdout
+    assert "| experiments | 2 |" in md and not list((repo / "runs/fresh/plots").glob("*.png"))
+
+    run(python, "-m", "pip", "install", "-q", f"{wheel}[report]", timeout=PIP_TIMEOUT_S)  # as README says
+    run(harness, "report", "runs/fresh", cwd=repo)
+    assert (repo / "runs/fresh/plots/best_vs_wall.png").stat().st_size > 1000
+    assert "No plots" not in (repo / "runs/fresh/report.md").read_text()
