@@ -24,7 +24,7 @@ ARM_GENERAL_OPTIONS = {"prices", "agent_timeout"}
 # Never on a command line: keys are looked up from the environment, not passed in argv.
 SECRET_OPTIONS = {"api_key"}
 INT_OPTIONS = {"seed", "max_retries", "repair_turns"}
-FLOAT_OPTIONS = {"temperature", "request_timeout", "backoff_s", "agent_timeout"}
+FLOAT_OPTIONS = {"temperature", "request_timeout", "agent_timeout"}
 CHOICES = {"wire_api": ("responses", "chat")}
 
 

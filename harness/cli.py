@@ -284,9 +284,11 @@ def init(repo, example):
         path = init_example(example)
         say(f"created {path} with the bundled workload. Next: cd {path} && harness run --agent mutate "
             f"--iterations 5 --time-budget 10")
-        if trainenv.versions("python train.py", path).get("torch") is None:
-            say(("its train.py needs torch", "yellow"), ", which `python` here does not have: "
-                "pip install 'autoresearch-harness[workload]' (or your CUDA build of torch)")
+        found = trainenv.versions("python train.py", path)
+        missing = [p for p in trainenv.WORKLOAD_NEEDS if found.get(p) is None]
+        if missing:
+            say((f"its train.py needs {' and '.join(missing)}", "yellow"), ", which `python` here does not have: "
+                "pip install 'autoresearch-harness[workload]' (or your CUDA build of torch, and safetensors)")
         return
     for line in init_repo(repo):
         say(line)

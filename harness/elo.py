@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import pandas as pd
 
 from . import decide, elo_data, elo_fit
 from .elo_data import BUDGETS, EloInputError, Task
@@ -24,6 +25,7 @@ DEFAULT_DRAWS = 1000
 DEFAULT_LEVEL = 0.95
 DEFAULT_TIE_Z = 1.0  # a tie: the gap is within this many standard errors of the difference
 CONTROL_AGENT = "mutate"
+OUTCOMES = {"wins": 1.0, "losses": 0.0, "ties": 0.5}  # an arm's score in one game
 FEW_TASKS = 5  # below this many compared tasks the intervals say little: a note says so
 
 
@@ -52,12 +54,10 @@ def outcome(task: Task, a: elo_data.BestSoFar, b: elo_data.BestSoFar, tie_z: flo
     return 1.0 if gain > 0 else 0.0
 
 
-def task_outcomes(tasks: list[Task], arms: list[str], fraction: float, tie_z: float):
-    """(scores, games: T x A x A, per-task records) at one budget point."""
-    index = {a: i for i, a in enumerate(arms)}
-    scores = np.zeros((len(tasks), len(arms), len(arms)))
-    games = np.zeros_like(scores)
-    records = []
+def task_outcomes(tasks: list[Task], fraction: float, tie_z: float) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    """(games, per-task records) at one budget point. games is the long table of every comparison:
+    one row per task, arm and opponent (both sides of each pair), with the arm's score."""
+    played, per_task = [], []
     for k, task in enumerate(tasks):
         limit = fraction * elo_data.common_budget(task)
         best = {arm: elo_data.best_so_far(t, task.budget, limit) for arm, t in task.trajectories.items()}
@@ -65,15 +65,44 @@ def task_outcomes(tasks: list[Task], arms: list[str], fraction: float, tie_z: fl
         for x, a in enumerate(names):
             for b in names[x + 1:]:
                 s = outcome(task, best[a], best[b], tie_z)
-                i, j = index[a], index[b]
-                scores[k, i, j], scores[k, j, i] = s, 1 - s
-                games[k, i, j] = games[k, j, i] = 1
-        records.append({"task": task.label, "workload": task.workload, "repeat": task.repeat,
+                played += [(k, a, b, s), (k, b, a, 1 - s)]
+        per_task.append({"task": task.label, "workload": task.workload, "repeat": task.repeat,
                         "budget": task.budget, "compared_at": limit, "sigma": task.sigma,
                         "curves": {a: elo_data.curve(t, task.budget) for a, t in task.trajectories.items()},
                         "best": {a: {"value": v.value, "runs": v.runs, "tokens": v.tokens, "cost_usd": v.cost_usd,
                                      "ledger": str(task.trajectories[a].path)} for a, v in best.items()}})
-    return scores, games, records
+    games = pd.DataFrame(played, columns=["task", "arm", "opponent", "score"])
+    return games.astype({"task": int, "score": float}), per_task
+
+
+def outcome_arrays(games: pd.DataFrame, n_tasks: int, arms: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The fit's input: scores and games played, T x A x A (task, arm, opponent)."""
+    index = {a: i for i, a in enumerate(arms)}
+    scores = np.zeros((n_tasks, len(arms), len(arms)))
+    played = np.zeros_like(scores)
+    at = (games["task"].to_numpy(), games["arm"].map(index).to_numpy(int), games["opponent"].map(index).to_numpy(int))
+    scores[at], played[at] = games["score"].to_numpy(), 1
+    return scores, played
+
+
+def pairwise(games: pd.DataFrame) -> pd.DataFrame:
+    """Wins, losses and ties of each arm against each opponent over all tasks (index: arm, opponent)."""
+    if games.empty:
+        return pd.DataFrame(columns=list(OUTCOMES), index=pd.MultiIndex.from_tuples([], names=["arm", "opponent"]))
+    table = pd.crosstab([games["arm"], games["opponent"]], games["score"])
+    return table.reindex(columns=list(OUTCOMES.values()), fill_value=0).set_axis(list(OUTCOMES), axis=1)
+
+
+def arm_records(games: pd.DataFrame, arms: list[str]) -> dict[str, dict[str, Any]]:
+    """Each arm's record: tasks with a game, games, wins, losses, ties and win rate (ties count half)."""
+    table = pairwise(games).groupby(level="arm").sum()
+    table["tasks"] = games.groupby("arm")["task"].nunique()
+    table = table.reindex(arms, fill_value=0).astype(int)
+    table["games"] = table["wins"] + table["losses"] + table["ties"]
+    return {arm: {"arm": arm, "tasks": int(r.tasks), "games": int(r.games), "wins": int(r.wins),
+                  "losses": int(r.losses), "ties": int(r.ties),
+                  "win_rate": float((r.wins + r.ties / 2) / r.games) if r.games else None}
+            for arm, r in table.iterrows()}
 
 
 # ---------------------------------------------------------------------------
@@ -115,15 +144,6 @@ def _anchor(arms: list[str], members: list[int], agents: dict[str, str | None], 
     return controls[0] if controls else members[0]
 
 
-def _record(arm: str, i: int, scores: np.ndarray, games: np.ndarray) -> dict[str, Any]:
-    won = scores[:, i, :].sum()
-    played = games[:, i, :].sum()
-    ties = float(((scores[:, i, :] == 0.5) & (games[:, i, :] > 0)).sum())
-    return {"arm": arm, "tasks": int((games[:, i, :].sum(axis=1) > 0).sum()), "games": int(played),
-            "wins": int(round(won - ties / 2)), "losses": int(round(played - won - ties / 2)), "ties": int(ties),
-            "win_rate": float(won / played) if played else None}
-
-
 def _fit_component(members: list[int], anchor: int, scores, games, settings: Settings):
     sub = np.ix_(range(scores.shape[0]), members, members)
     s, g = scores[sub], games[sub]
@@ -144,9 +164,11 @@ def _load(paths: list[Path], settings: Settings) -> tuple[list[elo_data.Trajecto
     return trajs, [f"{p}: no measured baseline yet, left out." for p, t in loaded if t is None]
 
 
-def rate(arms: list[str], trajs: list[elo_data.Trajectory], scores: np.ndarray, games: np.ndarray,
+def rate(arms: list[str], trajs: list[elo_data.Trajectory], played: pd.DataFrame, n_tasks: int,
          settings: Settings) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
     """Each arm's record and rating, fitted per component of the comparison graph; the components."""
+    scores, games = outcome_arrays(played, n_tasks, arms)
+    record = arm_records(played, arms)
     agents = {t.arm: t.agent for t in trajs}
     models = {t.arm: t.model for t in reversed(trajs)}  # the first ledger's model
     table: dict[str, dict[str, Any]] = {}
@@ -160,7 +182,7 @@ def rate(arms: list[str], trajs: list[elo_data.Trajectory], scores: np.ndarray, 
         groups.append({"arms": [arms[i] for i in members], "anchor": arms[anchor], "tasks": used})
         for k, i in enumerate(members):
             e = None if elo[k] is None or np.isnan(elo[k]) else float(elo[k])
-            table[arms[i]] = {**_record(arms[i], i, scores, games), "component": c, "elo": e,
+            table[arms[i]] = {**record[arms[i]], "component": c, "elo": e,
                               "ci": None if cis[k] is None else list(cis[k]),
                               "agent": agents.get(arms[i]), "model": models.get(arms[i])}
     return table, groups
@@ -189,15 +211,17 @@ def analyze(paths: list[Path], settings: Settings = Settings(),
         raise EloInputError(f"--anchor {settings.anchor!r} is not an arm here; the arms are: {', '.join(arms)}.")
     progress(f"{len(trajs)} ledgers, {len(arms)} arms, {len(tasks)} tasks; fitting with "
              f"{settings.draws} bootstrap draws over tasks")
-    scores, games, records = task_outcomes(tasks, arms, 1.0, settings.tie_z)
-    table, groups = rate(arms, trajs, scores, games, settings)
-    add_cost(table, records)
+    played, per_task = task_outcomes(tasks, 1.0, settings.tie_z)
+    table, groups = rate(arms, trajs, played, len(tasks), settings)
+    add_cost(table, per_task)
     notes += graph_notes(groups, tasks) + unanimous_notes(table)
     return {"budget": settings.budget, "unit": BUDGETS[settings.budget][0], "level": settings.level,
             "draws": settings.draws, "seed": settings.seed, "tie_z": settings.tie_z,
             "anchor_elo": elo_fit.ANCHOR_ELO, "components": groups,
             "arms": [table[a] for a in arms], "marginal": marginal(table, groups),
-            "by_budget": elo_by_point(tasks, arms, groups, settings), "tasks": records, "notes": notes,
+            "by_budget": elo_by_point(tasks, arms, groups, settings), "tasks": per_task, "notes": notes,
+            "pairwise": [{"arm": arm, "opponent": opponent, **{k: int(v) for k, v in r.items()}}
+                         for (arm, opponent), r in pairwise(played).iterrows()],
             "ledgers": [str(t.path) for t in trajs],
             "ledger_arms": {str(Path(t.path).resolve()): t.arm for t in trajs}}
 
@@ -207,7 +231,7 @@ def elo_by_point(tasks: list[Task], arms: list[str], groups: list[dict[str, Any]
     """Point estimates (no bootstrap) at each budget fraction: does the order hold early on?"""
     out: dict[str, dict[str, float | None]] = {}
     for f in settings.points:
-        scores, games, _ = task_outcomes(tasks, arms, f, settings.tie_z)
+        scores, games = outcome_arrays(task_outcomes(tasks, f, settings.tie_z)[0], len(tasks), arms)
         col: dict[str, float | None] = {}
         for group in groups:
             members = [arms.index(a) for a in group["arms"]]

@@ -71,6 +71,14 @@ def budget_table(result: dict[str, Any]) -> list[str]:
     return _table(["arm", *[f"{float(p):.0%}" for p in points]], rows)
 
 
+def pairwise_table(result: dict[str, Any]) -> list[str]:
+    """Head to head: the row's wins-losses-ties against the column's arm, over all tasks."""
+    arms = [a["arm"] for a in result["arms"]]
+    cells = {(p["arm"], p["opponent"]): f"{p['wins']}-{p['losses']}-{p['ties']}" for p in result.get("pairwise", [])}
+    rows = [[a, *["" if a == b else cells.get((a, b), "—") for b in arms]] for a in arms]
+    return _table(["W-L-T against", *arms], rows)
+
+
 def tasks_table(result: dict[str, Any]) -> list[str]:
     rows = []
     for t in result["tasks"]:
@@ -96,6 +104,8 @@ def markdown(result: dict[str, Any]) -> str:
         if len(members) > 1:
             lines += [f"## {title}Cost and marginal gain (cheapest first; spend per task normalised per task)", "",
                       *marginal_table(result, c), ""]
+    if len(arms) > 1:
+        lines += ["## Head to head (the row's wins-losses-ties against the column)", "", *pairwise_table(result), ""]
     lines += ["## Elo at fractions of each task's budget", "", *budget_table(result), "",
               "## Tasks", "", *tasks_table(result), ""]
     if result["notes"]:

@@ -23,15 +23,49 @@ column to keep it so.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FAILED = ("crash", "timeout", "invalid")
 NOT_EXPERIMENTS = ("repeat", "budget")
+# The columns the readers of a ledger ask for: present in every frame, empty when the ledger lacks them.
+FRAME_COLUMNS = ("commit", "metric", "memory_gb", "status", "description", "iteration", "agent", "model", "parent",
+                 "delta", "agent_s", "train_s", "wall_s", "input_tokens", "cached_tokens", "output_tokens",
+                 "cost_usd", "retries", "candidate", "runs", "mean", "sigma", "sealed")
+TEXT_COLUMNS = ("commit", "status", "description", "agent", "model", "parent", "sealed")
+
+
+def frame(rows: list[dict[str, Any]]) -> "pd.DataFrame":
+    """Ledger rows (ledger.read_rows) as a DataFrame: one row each, in ledger order (index 0..n-1),
+    numeric cells as floats (NaN = empty), FRAME_COLUMNS always there."""
+    import pandas as pd  # here, not at import time: `harness` starts without it
+
+    df = pd.DataFrame.from_records(rows, index=range(len(rows)))
+    for name in FRAME_COLUMNS:
+        if name not in df:
+            df[name] = None
+        if name not in TEXT_COLUMNS:
+            df[name] = pd.to_numeric(df[name], errors="coerce")
+    return df
+
+
+def known(value: Any) -> Any:
+    """A cell as JSON wants it: NaN (an empty cell) is None, numpy numbers are Python's."""
+    if value is None or value != value:
+        return None
+    return value.item() if hasattr(value, "item") else value
 
 
 def value_of(row: dict[str, Any]) -> float | None:
     """The value a decision compared: the mean over a candidate's runs, else its one run."""
     return row.get("mean") if row.get("mean") is not None else row.get("metric")
+
+
+def values(df: "pd.DataFrame") -> "pd.Series":
+    """value_of, for every row of a frame."""
+    return df["mean"].fillna(df["metric"])
 
 
 def baseline_index(rows: list[dict[str, Any]]) -> int | None:
@@ -42,24 +76,24 @@ def baseline_index(rows: list[dict[str, Any]]) -> int | None:
     return None
 
 
-def is_baseline_attempt(rows: list[dict[str, Any]], i: int) -> bool:
-    """Row i trained the unmodified code as the baseline (the harness numbers it iteration 0;
+def baseline_attempts(df: "pd.DataFrame") -> "pd.Series":
+    """Which rows trained the unmodified code as the baseline (the harness numbers them iteration 0;
     a five-column ledger has no iteration, so every row up to the first keep is one)."""
-    it = rows[i].get("iteration")
-    if it is not None:
-        return it == 0 and rows[i].get("status") != "repeat"
-    first = baseline_index(rows)
-    return first is None or i <= first
+    kept = df["status"].eq("keep")
+    by_order = df.index <= kept.idxmax() if kept.any() else True
+    numbered = df["iteration"].eq(0) & df["status"].ne("repeat")
+    return numbered.where(df["iteration"].notna(), by_order).astype(bool)
+
+
+def experiment_mask(df: "pd.DataFrame") -> "pd.Series":
+    """Every candidate after the baseline (see the module docstring)."""
+    return ~df["status"].isin(NOT_EXPERIMENTS) & ~baseline_attempts(df)
 
 
 def experiments(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every candidate after the baseline (see the module docstring)."""
-    return [r for i, r in enumerate(rows)
-            if r.get("status") not in NOT_EXPERIMENTS and not is_baseline_attempt(rows, i)]
-
-
-def failed_baselines(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for i, r in enumerate(rows) if is_baseline_attempt(rows, i) and r.get("status") in FAILED]
+    """The experiments' rows, as dicts (experiment_mask)."""
+    mask = experiment_mask(frame(rows)).tolist()
+    return [r for r, m in zip(rows, mask) if m]
 
 
 def improvement(direction: str, baseline: float | None, best: float | None) -> float | None:
@@ -95,33 +129,29 @@ class Headline:
 
 def headline(rows: list[dict[str, Any]], metric: str = "metric", direction: str = "minimize") -> Headline:
     """A run's figures from its ledger rows (ledger.read_rows), by the rules above."""
-    first = baseline_index(rows)
-    kept = [r for r in rows if r.get("status") == "keep"]
-    base_row = rows[first] if first is not None else None
-    best_row = kept[-1] if kept else None
-    base = value_of(base_row) if base_row else None
-    best = value_of(best_row) if best_row else None
+    df = frame(rows)
+    kept = df[df["status"].eq("keep")]
+    base_row, best_row = (kept.iloc[0], kept.iloc[-1]) if len(kept) else (None, None)
+    base = None if base_row is None else known(values(kept).iloc[0])
+    best = None if best_row is None else known(values(kept).iloc[-1])
     gain = improvement(direction, base, best)
-    exp = experiments(rows)
-    counts: dict[str, int] = {}
-    for r in exp:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
-    researched = [r for r in rows if r.get("agent_s") is not None]
-    costs = [r.get("cost_usd") for r in researched]
+    exp = df[experiment_mask(df)]
+    counts = {str(k): int(v) for k, v in exp.groupby("status", sort=False).size().items()}
+    costs = df.loc[df["agent_s"].notna(), "cost_usd"]  # a researched row without a cost: unknown
     return Headline(
         metric=metric, direction=direction,
-        baseline=base, baseline_commit=(base_row or {}).get("commit") or "",
-        best=best, best_commit=(best_row or {}).get("commit") or "",
+        baseline=base, baseline_commit=str(known(base_row["commit"]) or "") if base_row is not None else "",
+        best=best, best_commit=str(known(best_row["commit"]) or "") if best_row is not None else "",
         improvement=gain,
         improvement_pct=None if gain is None or not base else 100 * gain / abs(base),
         experiments=len(exp), counts=counts,
-        keep_rate=counts.get("keep", 0) / len(exp) if exp else None,
-        failed_baselines=len(failed_baselines(rows)),
-        repeats=sum(1 for r in rows if r.get("status") == "repeat"),
-        budget_stop=any(r.get("status") == "budget" for r in rows),
-        input_tokens=int(sum(r.get("input_tokens") or 0 for r in rows)),
-        output_tokens=int(sum(r.get("output_tokens") or 0 for r in rows)),
-        cost_usd=None if any(c is None for c in costs) else float(sum(costs)),
+        keep_rate=counts.get("keep", 0) / len(exp) if len(exp) else None,
+        failed_baselines=int((baseline_attempts(df) & df["status"].isin(FAILED)).sum()),
+        repeats=int(df["status"].eq("repeat").sum()),
+        budget_stop=bool(df["status"].eq("budget").any()),
+        input_tokens=int(df["input_tokens"].sum()),
+        output_tokens=int(df["output_tokens"].sum()),
+        cost_usd=None if costs.isna().any() else float(costs.sum()),
     )
 
 

@@ -146,14 +146,6 @@ def find_arms(paths: list[Path]) -> tuple[list[ArmData], dict[str, Any] | None]:
 # Figures
 
 
-def _sum(rows: list[dict[str, Any]], key: str) -> float:
-    return float(sum(r.get(key) or 0 for r in rows))
-
-
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
 def _ratio(num: float | None, den: float | None) -> float | None:
     return None if num is None or den is None or den == 0 else num / den
 
@@ -171,22 +163,14 @@ def experiments_of(arm: ArmData) -> list[dict[str, Any]]:
     return figures.experiments(arm.rows)
 
 
-def wall_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows whose wall_s adds up to the run's wall time: a repeat's time is inside its candidate's."""
-    return [r for r in rows if r.get("status") != "repeat"]
-
-
-def wasted_train_s(arm: ArmData) -> float:
-    """Training seconds of every run (repeats included) of candidates that were not kept."""
-    decided = {r.get("iteration"): r.get("status") for r in arm.rows[1:] if r.get("status") != "repeat"}
-    total = 0.0
-    for r in arm.rows[1:]:
-        status = r.get("status")
-        if status == "repeat":  # judged with its candidate; the baseline's repeats are the baseline's
-            status = "keep" if r.get("candidate") == 0 else decided.get(r.get("candidate"))
-        if status != "keep":
-            total += r.get("train_s") or 0.0
-    return total
+def wasted_train_s(df) -> float:
+    """Training seconds of every run (repeats included) of candidates that were not kept: a
+    repeat is judged with its candidate, and the baseline's repeats are the baseline's."""
+    later = df.iloc[1:]
+    decided = later[later["status"].ne("repeat")].drop_duplicates("iteration", keep="last")
+    judged = later["candidate"].map(decided.set_index("iteration")["status"]).where(later["candidate"].ne(0), "keep")
+    status = judged.where(later["status"].eq("repeat"), later["status"])
+    return float(later.loc[status.ne("keep"), "train_s"].sum())
 
 
 def kept_changes(arm: ArmData) -> list[dict[str, Any]]:
@@ -207,39 +191,45 @@ def kept_changes(arm: ArmData) -> list[dict[str, Any]]:
 def arm_figures(arm: ArmData) -> dict[str, Any]:
     """Every per-arm figure of the report; None where the ledger cannot tell."""
     has = set(arm.columns).__contains__
-    rows, exp = arm.rows, experiments_of(arm)
-    counts = {s: sum(1 for r in exp if r.get("status") == s) for s in SHOWN_STATUSES}
-    skips = sum(1 for r in exp if r.get("status") == "skip")
-    if skips:
-        counts["skip"] = skips
-    head = figures.headline(rows, arm.metric, arm.direction)  # the one definition of these figures
-    baseline, best, best_commit, improvement = head.baseline, head.best, head.best_commit, head.improvement
-    sigmas = [r["sigma"] for r in rows if r.get("sigma") is not None]
-    train_s = _sum(rows, "train_s") if has("train_s") else None
-    wall_s = _sum(wall_rows(rows), "wall_s") if has("wall_s") else None
-    researched = [r for r in exp if r.get("agent_s") is not None]
-    costs = [r.get("cost_usd") for r in researched]
-    cost = sum(costs) if has("cost_usd") and costs and None not in costs else None
-    tokens = (_sum(rows, "input_tokens") + _sum(rows, "output_tokens")
+    df = figures.frame(arm.rows)
+    exp = df[figures.experiment_mask(df)]
+    by_status = exp["status"].value_counts()
+    counts = {s: int(by_status.get(s, 0)) for s in SHOWN_STATUSES}
+    if by_status.get("skip", 0):
+        counts["skip"] = int(by_status["skip"])
+    head = figures.headline(arm.rows, arm.metric, arm.direction)  # the one definition of these figures
+    improvement = head.improvement
+    sigmas = df["sigma"].dropna()
+    not_repeat = df[df["status"].ne("repeat")]  # a repeat's wall time is inside its candidate's
+    train_s = float(df["train_s"].sum()) if has("train_s") else None
+    wall_s = float(not_repeat["wall_s"].sum()) if has("wall_s") else None
+    researched = exp[exp["agent_s"].notna()]
+    cost = (float(researched["cost_usd"].sum()) if has("cost_usd") and len(researched)
+            and researched["cost_usd"].notna().all() else None)
+    tokens = (float(df["input_tokens"].sum() + df["output_tokens"].sum())
               if has("input_tokens") and has("output_tokens") else None)
 
+    def mean(column) -> float | None:
+        """The column's mean over the rows that have it; None when the ledger lacks it or no row has it."""
+        return figures.known(column.mean()) if has(column.name) else None
+
     def per_iteration(key: str) -> float | None:
-        return _sum(exp, key) / len(exp) if has(key) and exp else None
+        return float(exp[key].sum()) / len(exp) if has(key) and len(exp) else None
 
     return {
         "label": arm.label, "arm": arm.arm, "ledger": str(arm.ledger), "agent": arm.agent, "model": arm.model,
         "metric": arm.metric, "direction": arm.direction,
         "experiments": len(exp), "counts": counts,
         "acceptance_rate": _ratio(counts["keep"], len(exp)),
-        "baseline": baseline, "best": best, "best_commit": best_commit,
+        "baseline": head.baseline, "best": head.best, "best_commit": head.best_commit,
         "improvement": improvement, "improvement_pct": head.improvement_pct,
         "failed_baselines": head.failed_baselines,
-        "noise_sigma": sigmas[-1] if sigmas else None,
-        "repeat_runs": sum(1 for r in rows if r.get("status") == "repeat"),
-        "gpu_minutes_discarded_failed": wasted_train_s(arm) / 60 if has("train_s") else None,
+        "noise_sigma": float(sigmas.iloc[-1]) if len(sigmas) else None,
+        "repeat_runs": head.repeats,
+        "gpu_minutes_discarded_failed": wasted_train_s(df) / 60 if has("train_s") else None,
         "train_s": train_s, "wall_s": wall_s,
-        "mean_agent_s": _mean([r["agent_s"] for r in researched]) if has("agent_s") else None,
-        "mean_wall_s": _mean([r["wall_s"] for r in exp if r.get("wall_s") is not None]) if has("wall_s") else None,
+        "mean_agent_s": mean(researched["agent_s"]),
+        "mean_wall_s": mean(exp["wall_s"]),
         "gpu_duty": _ratio(train_s, wall_s),
         "input_tokens_per_iteration": per_iteration("input_tokens"),
         "cached_tokens_per_iteration": per_iteration("cached_tokens"),
@@ -247,13 +237,13 @@ def arm_figures(arm: ArmData) -> dict[str, Any]:
         "tokens": tokens, "cost_usd": cost,
         # where the cost came from (price table or the researcher's own figure), from run.json
         "cost_source": (_read_json(arm.ledger.parent / "run.json").get("researcher") or {}).get("cost_source"),
-        "unknown_usage_calls": spend.unknown_calls(rows) if has("input_tokens") else None,
+        "unknown_usage_calls": spend.unknown_calls(arm.rows) if has("input_tokens") else None,
         "improvement_per_gpu_hour": _ratio(improvement, None if train_s is None else train_s / 3600),
         "improvement_per_1m_tokens": _ratio(improvement, None if tokens is None else tokens / 1e6),
         "improvement_per_usd": _ratio(improvement, cost),
         "kept": kept_changes(arm),
         # results taken from stdout rather than a verified seal (foreign workloads); None = not recorded
-        "unsealed_runs": sum(1 for r in rows if r.get("sealed") == "no") if has("sealed") else None,
+        "unsealed_runs": int(df["sealed"].eq("no").sum()) if has("sealed") else None,
         "sandbox": arm.sandbox,  # bwrap or off (run.json), None = not recorded
         "events": events.read(arm.ledger.parent)[0],  # ledger restores, health warnings, drift, ...
     }
@@ -262,23 +252,21 @@ def arm_figures(arm: ArmData) -> dict[str, Any]:
 def progress_series(arm: ArmData) -> dict[str, list[float | None]]:
     """Best-so-far after each row, against cumulative wall hours, tokens and cost (None = unknown)."""
     has = set(arm.columns).__contains__
-    out: dict[str, list[float | None]] = {"best": [], "wall_h": [], "tokens_m": [], "cost_usd": []}
-    best = wall = tokens = cost = None
-    for r in arm.rows:
-        if r.get("status") == "keep" and value_of(r) is not None and (
-                best is None or better(arm.direction, value_of(r), best)):
-            best = value_of(r)
-        if has("wall_s") and r.get("status") != "repeat":
-            wall = (wall or 0.0) + (r.get("wall_s") or 0.0) / 3600
-        if has("input_tokens") and has("output_tokens"):
-            tokens = (tokens or 0.0) + ((r.get("input_tokens") or 0) + (r.get("output_tokens") or 0)) / 1e6
-        if has("cost_usd") and cost is not False:
-            unknown = r.get("agent_s") is not None and r.get("cost_usd") is None
-            cost = False if unknown else (cost or 0.0) + (r.get("cost_usd") or 0.0)
-        for key, value in (("best", best), ("wall_h", wall), ("tokens_m", tokens),
-                           ("cost_usd", None if cost is False else cost)):
-            out[key].append(value)
-    return out
+    df = figures.frame(arm.rows)
+    kept = figures.values(df).where(df["status"].eq("keep"))
+    best = (kept.cummax() if arm.direction == "maximize" else kept.cummin()).ffill()
+    unknown = [None] * len(df)
+    counted = df["status"].ne("repeat")  # a repeat's wall time is inside its candidate's
+    wall = ((df["wall_s"].fillna(0) / 3600).where(counted, 0).cumsum().where(counted.cummax())
+            if has("wall_s") else unknown)
+    tokens = ((df["input_tokens"].fillna(0) + df["output_tokens"].fillna(0)) / 1e6).cumsum() \
+        if has("input_tokens") and has("output_tokens") else unknown
+    cost = unknown
+    if has("cost_usd"):  # unknown from the first researched row without a cost on
+        priced = ~(df["agent_s"].notna() & df["cost_usd"].isna())
+        cost = df["cost_usd"].fillna(0).cumsum().where(priced.astype(int).cummin().astype(bool))
+    return {key: [figures.known(v) for v in series]
+            for key, series in (("best", best), ("wall_h", wall), ("tokens_m", tokens), ("cost_usd", cost))}
 
 
 # ---------------------------------------------------------------------------

@@ -11,6 +11,8 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
+import pandas as pd
+
 from . import elo_render
 
 STATUS_COLORS = {"keep": "#2ca02c", "discard": "#ff7f0e", "crash": "#d62728", "timeout": "#9467bd",
@@ -130,9 +132,9 @@ def table_rows(summary: dict[str, Any]) -> list[list[str]]:
     metric = summary["metric"]
     arms = summary["arms"]
     spec = [("agent", "agent", "text"), ("model", "model", "text"), ("experiments", "experiments", "int")]
-    statuses = list(dict.fromkeys(s for f in arms for s in f["counts"]))
     rows = [[name] + [fmt(f[key], kind) for f in arms] for name, key, kind in spec]
-    rows += [[f"  {s}"] + [fmt(f["counts"].get(s, 0), "int") for f in arms] for s in statuses]
+    counts = pd.DataFrame([f["counts"] for f in arms]).fillna(0).astype(int)  # arm x status, in first-seen order
+    rows += [[f"  {status}"] + [fmt(int(n), "int") for n in counts[status]] for status in counts]
     spec = [
         ("acceptance rate", "acceptance_rate", "rate"),
         (f"baseline {metric}", "baseline", "num"), (f"best {metric}", "best", "num"),

@@ -19,7 +19,8 @@ from typing import Any
 
 from .runner import training_env
 
-PACKAGES = ("torch", "numpy")
+PACKAGES = ("torch", "numpy", "safetensors")  # what the manifest records
+WORKLOAD_NEEDS = ("torch", "safetensors")  # the bundled train.py/prepare.py: the [workload] extra
 PROBE_TIMEOUT_S = 120  # `uv run` may create the environment first
 PYTHON_RE = re.compile(r"^python(\d+(\.\d+)*)?$")
 RUNNERS = ("uv", "poetry", "pixi", "pdm", "hatch", "conda")  # `<runner> run <script>` runs a python

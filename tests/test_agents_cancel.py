@@ -80,7 +80,7 @@ def test_cancel_of_a_stand_in_codex_keeps_nothing_running(tmp_path: Path, monkey
 
 def test_cancel_stops_the_openai_backend_in_a_request_and_between_retries(tmp_path: Path):
     (tmp_path / "train.py").write_text("VALUE = 1.0\n")
-    for behaviour, options in ((Hang(60), {}), (Fail(500), {"backoff_s": 30, "max_retries": 5})):
+    for behaviour, options in ((Hang(60), {}), (Fail(500), {"max_retries": 5})):
         with ScriptedServer(default=behaviour) as s:
             researcher = make_researcher("openai", "gpt-5.4", {"base_url": s.url, "api_key": TEST_KEY,
                                                                "request_timeout": 60, **options})
@@ -95,8 +95,6 @@ def test_cancel_stops_the_openai_backend_in_a_request_and_between_retries(tmp_pa
         assert (tmp_path / "train.py").read_text() == "VALUE = 1.0\n"
     # The researcher still works after a cancel (a fresh client).
     with ScriptedServer() as s:
-        researcher.client.base_url = s.url
         researcher.base_url = s.url
-        researcher.client = researcher._new_client()
         proposal = researcher.propose(Task(tmp_path, "improve it", ("train.py",), 30, tmp_path / "a.log", 2, 0))
     assert proposal.error is None and os.path.exists(tmp_path / "train.py")

@@ -30,7 +30,6 @@ def expected_cost(input_tokens: int, cached: int, output: int) -> float:
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("HARNESS_BACKOFF_S", "0.01")
     for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "HARNESS_PRICES"):
         monkeypatch.delenv(name, raising=False)
     yield
@@ -110,6 +109,80 @@ def test_the_agent_timeout_caps_requests_and_retries(tmp_path: Path):
     assert time.monotonic() - started < 4
     assert proposal.error_kind == "timeout" and proposal.usage.input_tokens == 0
     assert (tmp_path / "train.py").read_text() == "VALUE = 1.0\n"
+
+
+RATE_LIMIT = ("Rate limit reached", "rate_limit_exceeded", "requests")
+
+
+def test_a_429_storm_is_retried_by_the_client_and_every_retry_is_on_the_ledger(repo: Path, server: ScriptedServer):
+    """The client waits the server's Retry-After; the ledger's retries are the retries the server saw."""
+    storm = [Fail(429, *RATE_LIMIT, headers={"retry-after-ms": "20"})]
+    server.push(*storm * 5, good,   # 1: five retries, then an answer: keep
+                *storm * 9)         # 2: more than --max-retries 6: seven requests, then a crash
+    result = harness(run_args(repo, server, "storm", "--iterations", 2, "--max-retries", 6),
+                     env={"OPENAI_API_KEY": TEST_KEY})
+    assert result.exit_code == 0, result.output
+    ledger = rows(repo, "storm")
+    assert [r["status"] for r in ledger] == ["keep", "keep", "crash"]
+    assert [r["retries"] for r in ledger[1:]] == [5, 6]
+    assert (ledger[1]["input_tokens"], ledger[1]["output_tokens"]) == (1500, 200)  # the answer's usage, once
+    assert "HTTP 429 rate_limit_exceeded" in ledger[2]["description"] and ledger[2]["input_tokens"] == 0
+    assert [r.retry_count for r in server.requests] == [*range(6), *range(7)]
+    log = (repo / "runs/storm/logs/iter-0001-agent.log").read_text()
+    assert [line for line in log.splitlines() if line.startswith("retry ")] == [f"retry {n}/6" for n in range(1, 6)]
+    assert log.count("request failed after") == 5 and "request ok in" in log
+
+
+def a_task(tmp_path: Path, timeout_s: float, cancel=None):
+    from harness.agents import Task
+    (tmp_path / "train.py").write_text("VALUE = 1.0\n")
+    return Task(tmp_path, "improve it", ("train.py",), timeout_s, tmp_path / "agent.log", 1, 0, cancel=cancel)
+
+
+def test_no_retry_starts_past_the_deadline(tmp_path: Path):
+    """A Retry-After that ends past the deadline is not waited for; a backoff that would cross it is
+    abandoned at the deadline, and the retry it was waiting for is never sent."""
+    from harness.agents import make_researcher
+    cases = [(Fail(429, *RATE_LIMIT, headers={"retry-after": "5"}), 2.0, "rate_limit", 0.0, 1.0),
+             (Fail(500), 0.3, "timeout", 0.3, 0.37)]  # the client's first backoff: 0.375-0.5 s
+    for behaviour, timeout_s, kind, low_s, high_s in cases:
+        with ScriptedServer(default=behaviour) as s:
+            researcher = make_researcher("openai", "gpt-5.4", {"base_url": s.url, "api_key": TEST_KEY,
+                                                               "max_retries": 5})
+            started = time.monotonic()
+            proposal = researcher.propose(a_task(tmp_path, timeout_s))
+            took = time.monotonic() - started
+            time.sleep(0.8)  # the abandoned client wakes up meanwhile: its retry must not go out
+            assert len(s.requests) == 1, behaviour
+        assert proposal.error_kind == kind and proposal.retries == 0, proposal.error
+        assert low_s <= took < high_s + 0.3, (behaviour, took)
+    assert "not retried: the server's Retry-After (5.00s) ends past the deadline" in (tmp_path / "agent.log").read_text()
+
+
+def test_a_cancel_during_the_clients_wait_sends_no_further_retry(tmp_path: Path):
+    import threading
+
+    from harness.agents import make_researcher
+    with ScriptedServer(default=Fail(429, *RATE_LIMIT, headers={"retry-after": "1"})) as s:
+        researcher = make_researcher("openai", "gpt-5.4", {"base_url": s.url, "api_key": TEST_KEY})
+        cancel = threading.Event()
+        threading.Timer(0.3, cancel.set).start()  # while the client waits its second
+        started = time.monotonic()
+        proposal = researcher.propose(a_task(tmp_path, 30, cancel))
+        assert time.monotonic() - started < 0.6
+        time.sleep(1.2)  # past the Retry-After: the abandoned client's retry is refused by the hook
+        assert len(s.requests) == 1
+    assert proposal.error_kind == "cancelled" and proposal.retries == 0
+    assert proposal.usage.known  # nothing was in flight: the failed request has no usage
+
+
+def test_insufficient_quota_is_not_retried(tmp_path: Path):
+    from harness.agents import make_researcher
+    with ScriptedServer(default=Fail(429, "You exceeded your current quota", "insufficient_quota")) as s:
+        researcher = make_researcher("openai", "gpt-5.4", {"base_url": s.url, "api_key": TEST_KEY})
+        proposal = researcher.propose(a_task(tmp_path, 30))
+        assert len(s.requests) == 1
+    assert proposal.error_kind == "rate_limit" and "insufficient_quota" in proposal.error and proposal.retries == 0
 
 
 def test_chat_wire_api(repo: Path, server: ScriptedServer):

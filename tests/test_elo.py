@@ -51,6 +51,19 @@ def test_fit_recovers_order_and_anchored_values(tmp_path: Path):
         assert lo <= truth[name] <= hi, (name, arm["ci"], truth[name])
         assert arm["wins"] + arm["losses"] + arm["ties"] == arm["games"] == 3 * 24
     assert arms["big"]["win_rate"] > arms["small"]["win_rate"] > arms["weak"]["win_rate"]
+    # Head to head: each pair met in all 24 tasks; the two sides' records mirror; they add up to the arm's.
+    pairs = {(p["arm"], p["opponent"]): p for p in result["pairwise"]}
+    assert len(pairs) == 12
+    for (a, b), p in pairs.items():
+        assert p["wins"] + p["losses"] + p["ties"] == 24
+        assert (pairs[b, a]["wins"], pairs[b, a]["losses"], pairs[b, a]["ties"]) == (p["losses"], p["wins"], p["ties"])
+    for name, arm in arms.items():
+        assert sum(p["wins"] for (a, _), p in pairs.items() if a == name) == arm["wins"]
+    assert pairs["big", "weak"]["wins"] > pairs["big", "weak"]["losses"]
+    big_weak = pairs["big", "weak"]
+    section = elo_render.markdown(result).split("## Head to head", 1)[1].split("##", 1)[0]
+    row = next(line for line in section.splitlines() if line.startswith("| big |"))
+    assert f"{big_weak['wins']}-{big_weak['losses']}-{big_weak['ties']}" in row
 
 
 def test_intervals_cover_the_true_differences(tmp_path: Path):

@@ -17,7 +17,7 @@ CLI_OPTIONS = {"executable", "agent_args", "base_url"}  # --agent-executable, --
 BACKEND_OPTIONS: dict[str, set[str]] = {
     "mutate": {"seed"},
     "openai": {"wire_api", "base_url", "api_key", "temperature", "reasoning_effort",
-               "request_timeout", "max_retries", "repair_turns", "backoff_s"},
+               "request_timeout", "max_retries", "repair_turns"},
     "codex": {"reasoning_effort", "wire_api"} | CLI_OPTIONS,
     "claude": set(CLI_OPTIONS),
     "gemini": set(CLI_OPTIONS),

@@ -1,10 +1,19 @@
 """The built-in researcher over the `openai` package: Responses API, or Chat Completions.
 
 One request per iteration, plus at most `repair_turns` follow-ups when the edit does not
-apply (the failure text goes back to the model). 429s, 5xx and timeouts are retried here
-(the client's own retries are off, so every retry is counted), with exponential backoff,
-until `max_retries` or the invocation's hard timeout. A failed request has no usage, so a
-retry never counts tokens twice; usage is summed over the turns that answered.
+apply (the failure text goes back to the model). Retries are the openai client's own
+(`max_retries`; it retries 408, 409, 429, 5xx, timeouts and lost connections, waits
+`Retry-After`/`retry-after-ms` up to 120 s, else 0.5 s doubling to 8 s with jitter). The
+harness watches them through event hooks on the client's http client (`Attempts`): the
+`X-Stainless-Retry-Count` header the client sends on every attempt makes the ledger's
+`retries` exact; a retry is logged; none is sent after the task's cancel event or past the
+invocation's deadline (the hook raises an OpenAIError, which the client passes on as it is,
+without retrying or sleeping again), and every attempt's timeout ends at the deadline. What the client cannot
+know is said in its response headers: `x-should-retry: false` on a 429 for
+`insufficient_quota` (waiting brings no credit) and on a `Retry-After` that ends past the
+deadline. The call runs in a thread the caller abandons at once on a cancel or at the
+deadline (the client's wait before a retry is a plain sleep). A failed request has no usage,
+so a retry never counts tokens twice; usage is summed over the turns that answered.
 """
 from __future__ import annotations
 
@@ -23,10 +32,9 @@ from .edits import FORMAT_HELP, EditError, apply_edits
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 WIRE_APIS = ("responses", "chat")
 REQUEST_TIMEOUT_S = 600.0  # s per request (reasoning models can think for minutes)
-MAX_RETRIES = 4  # retries of one request after a 429, 5xx, timeout or lost connection
+MAX_RETRIES = 4  # the client's retries of one request after a 429, 5xx, timeout or lost connection
 REPAIR_TURNS = 2  # follow-up requests when an edit does not apply
-BACKOFF_S = 2.0  # s before the first retry, doubling after each; $HARNESS_BACKOFF_S overrides
-BACKOFF_MAX_S = 60.0  # s, the longest wait between retries (a server's Retry-After included)
+RETRY_COUNT_HEADER = "x-stainless-retry-count"  # the openai client's attempt number, on every request
 MAX_FILE_CHARS = 200_000  # chars of one editable file sent to the model
 CANCEL_POLL_S = 0.05  # s between looks at the cancel event while a request is in flight
 
@@ -86,15 +94,6 @@ def _status(e: Exception) -> int | None:
     return getattr(e, "status_code", None)
 
 
-def retryable(e: Exception) -> bool:
-    if isinstance(e, openai.APIConnectionError):  # includes APITimeoutError
-        return True
-    status = _status(e)
-    if status == 429:
-        return getattr(e, "code", None) != "insufficient_quota"  # no credit: waiting does not help
-    return status is not None and (status >= 500 or status == 408)
-
-
 def error_kind(e: Exception) -> str:
     if isinstance(e, openai.APITimeoutError):
         return "timeout"
@@ -118,9 +117,8 @@ def describe_error(e: Exception) -> str:
     return f"HTTP {status}" + (f" {code}" if code else "") + f": {message}"
 
 
-def retry_after_s(e: Exception) -> float | None:
-    response = getattr(e, "response", None)
-    headers = getattr(response, "headers", None) or {}
+def retry_after_s(headers) -> float | None:
+    """The server's wait before a retry, in seconds (retry-after-ms, then retry-after in seconds)."""
     for name, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
         value = headers.get(name)
         if value is not None:
@@ -131,17 +129,83 @@ def retry_after_s(e: Exception) -> float | None:
     return None
 
 
+def body_error(response) -> tuple[str, str | None]:
+    """(message, code) of an error response's JSON body, as the API sends it."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:300], None
+    error = body.get("error", body) if isinstance(body, dict) else {}
+    error = error if isinstance(error, dict) else {"message": str(error)}
+    return str(error.get("message") or "")[:300], error.get("code")
+
+
 # ---------------------------------------------------------------------------
 # The researcher
 
 
-class Cancelled(Exception):
-    """The task's cancel event was set: no further request or retry."""
+class Cancelled(openai.OpenAIError):
+    """The task's cancel event was set: no further request or retry. An OpenAIError, because the
+    client passes those on from an event hook as they are, without retrying or waiting."""
 
     def __init__(self, in_flight: bool = False):
         super().__init__("cancelled")
         self.in_flight = in_flight  # a request was abandoned mid-way
 
+
+class OutOfTime(openai.OpenAIError):
+    """The invocation's deadline has passed: no further request or retry (an OpenAIError, as above)."""
+
+    def __init__(self):
+        super().__init__("no time left for the request within --agent-timeout")
+
+
+class Attempts:
+    """One invocation's requests, as the http client's event hooks see them (see the module docstring)."""
+
+    def __init__(self, deadline: float, cancel: threading.Event | None, log, max_retries: int):
+        self.deadline, self.cancel, self.log, self.max_retries = deadline, cancel, log, max_retries
+        self.retries = 0  # retries sent, over every request of the invocation
+        self.attempt = 0  # of the current request (a client without the retry-count header: counted here)
+        self._sent: tuple[float, float] | None = None  # (when, timeout s) of the attempt awaiting its answer
+
+    def hooks(self) -> dict[str, list]:
+        return {"request": [self.on_request], "response": [self.on_response]}
+
+    def in_flight(self) -> bool:
+        return self._sent is not None and time.monotonic() < self._sent[0] + self._sent[1]
+
+    def on_request(self, request) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled()
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise OutOfTime()
+        timeouts = request.extensions.get("timeout") or {}  # this attempt's timeouts end at the deadline
+        request.extensions["timeout"] = {k: remaining if v is None else min(v, remaining) for k, v in timeouts.items()}
+        attempt = int(request.headers.get(RETRY_COUNT_HEADER) or self.attempt)
+        self.attempt += 1
+        if attempt:
+            unanswered = " (the last attempt got no answer)" if self._sent is not None else ""
+            self.retries += 1
+            self.log(f"retry {attempt}/{self.max_retries}{unanswered}")
+        self._sent = (time.monotonic(), max(request.extensions["timeout"].values(), default=remaining))
+
+    def on_response(self, response) -> None:
+        started, self._sent = self._sent, None
+        if response.status_code < 400:
+            return
+        response.read()
+        message, code = body_error(response)
+        took = time.monotonic() - started[0] if started else 0.0
+        self.log(f"request failed after {took:.1f}s: HTTP {response.status_code}"
+                 + (f" {code}" if code else "") + f": {message}")
+        wait = retry_after_s(response.headers)
+        if code == "insufficient_quota":
+            response.headers["x-should-retry"] = "false"  # no credit: waiting does not help
+        elif wait is not None and time.monotonic() + wait >= self.deadline:
+            response.headers["x-should-retry"] = "false"
+            self.log(f"not retried: the server's Retry-After ({wait:.2f}s) ends past the deadline")
 
 
 class OpenAIResearcher:
@@ -150,8 +214,7 @@ class OpenAIResearcher:
     def __init__(self, model: str | None, wire_api: str = "responses", base_url: str | None = None,
                  api_key: str | None = None, temperature: float | None = None,
                  reasoning_effort: str | None = None, request_timeout: float | None = None,
-                 max_retries: int | None = None, repair_turns: int | None = None,
-                 backoff_s: float | None = None):
+                 max_retries: int | None = None, repair_turns: int | None = None):
         if not model:
             raise AgentError("--agent openai needs --model (for example --model gpt-5.4).")
         if wire_api not in WIRE_APIS:
@@ -169,36 +232,36 @@ class OpenAIResearcher:
         self.request_timeout = float(request_timeout or REQUEST_TIMEOUT_S)
         self.max_retries = MAX_RETRIES if max_retries is None else int(max_retries)
         self.repair_turns = REPAIR_TURNS if repair_turns is None else int(repair_turns)
-        if backoff_s is None:
-            backoff_s = float(os.environ.get("HARNESS_BACKOFF_S") or BACKOFF_S)
-        self.backoff_s = float(backoff_s)
         # A local server (vLLM, Ollama) needs no key, but the client wants a string.
         self._key = key or "none"
-        self.client = self._new_client()
 
-    def _new_client(self) -> openai.OpenAI:
-        return openai.OpenAI(api_key=self._key, base_url=self.base_url, max_retries=0, timeout=self.request_timeout)
+    def _new_client(self, attempts: Attempts) -> openai.OpenAI:
+        """A client for one invocation: its retries watched by attempts' hooks."""
+        http = openai.DefaultHttpxClient(event_hooks=attempts.hooks())
+        return openai.OpenAI(api_key=self._key, base_url=self.base_url, max_retries=self.max_retries,
+                             timeout=self.request_timeout, http_client=http)
 
-    def _cancellable(self, messages: list[dict[str, str]], timeout_s: float,
-                     cancel: threading.Event | None) -> tuple[str, Usage]:
-        """_request, abandoned at once when cancel is set (its thread ends at the request's timeout,
-        its connection is closed with the client)."""
-        if cancel is None:
-            return self._request(messages, timeout_s)
+    def _call(self, client: openai.OpenAI, messages: list[dict[str, str]], attempts: Attempts) -> tuple[str, Usage]:
+        """One request with the client's retries, in a thread that is abandoned at once when the
+        cancel event is set or the deadline passes (its client is closed; the hooks stop it)."""
         box: dict[str, Any] = {}
         done = threading.Event()
 
         def work() -> None:
             try:
-                box["value"] = self._request(messages, timeout_s)
+                box["value"] = self._request(client, messages, max(0.001, attempts.deadline - time.monotonic()))
             except BaseException as e:  # handed to the caller's thread
                 box["error"] = e
             done.set()
         threading.Thread(target=work, daemon=True).start()
         while not done.wait(CANCEL_POLL_S):
-            if cancel.is_set():
-                self.client.close()
-                raise Cancelled(in_flight=True)
+            if attempts.cancel is not None and attempts.cancel.is_set():
+                in_flight = attempts.in_flight()
+                client.close()
+                raise Cancelled(in_flight=in_flight)
+            if time.monotonic() >= attempts.deadline:
+                client.close()
+                raise OutOfTime()
         if "error" in box:
             raise box["error"]
         return box["value"]
@@ -207,64 +270,49 @@ class OpenAIResearcher:
         return {"backend": "openai", "model": self.model, "wire_api": self.wire_api,
                 "base_url": self.base_url, "temperature": self.temperature,
                 "reasoning_effort": self.reasoning_effort, "request_timeout_s": self.request_timeout,
-                "max_retries": self.max_retries, "repair_turns": self.repair_turns,
-                "backoff_s": self.backoff_s, "key_fingerprint": self.key_fingerprint,
+                "max_retries": self.max_retries, "retries_by": "openai client",
+                "repair_turns": self.repair_turns, "key_fingerprint": self.key_fingerprint,
                 "provider": "openai", "base_url_host": url_host(self.base_url), "key_var": "OPENAI_API_KEY"
                 if os.environ.get("OPENAI_API_KEY") else None, "cost_source": cost_source(self.model)}
 
     # --- one request ----------------------------------------------------------------------
 
-    def _request(self, messages: list[dict[str, str]], timeout_s: float) -> tuple[str, Usage]:
+    def _request(self, client: openai.OpenAI, messages: list[dict[str, str]], timeout_s: float) -> tuple[str, Usage]:
         if self.wire_api == "responses":
             kwargs: dict[str, Any] = {"model": self.model, "instructions": SYSTEM, "input": messages,
-                                      "store": False, "timeout": timeout_s}
+                                      "store": False, "timeout": min(self.request_timeout, timeout_s)}
             if self.temperature is not None:
                 kwargs["temperature"] = self.temperature
             if self.reasoning_effort:
                 kwargs["reasoning"] = {"effort": self.reasoning_effort}
-            data = self.client.responses.create(**kwargs).model_dump()
+            data = client.responses.create(**kwargs).model_dump()
             return responses_text(data), responses_usage(data)
         kwargs = {"model": self.model, "messages": [{"role": "system", "content": SYSTEM}, *messages],
-                  "timeout": timeout_s}
+                  "timeout": min(self.request_timeout, timeout_s)}
         if self.temperature is not None:
             kwargs["temperature"] = self.temperature
         if self.reasoning_effort:
             kwargs["reasoning_effort"] = self.reasoning_effort
-        data = self.client.chat.completions.create(**kwargs).model_dump()
+        data = client.chat.completions.create(**kwargs).model_dump()
         return chat_text(data), chat_usage(data)
 
-    def _request_with_retries(self, messages, deadline: float, log, counts: dict[str, int], cancel=None):
-        """(text, usage) or raises the last error; counts['retries'] grows with each retry."""
-        attempt = 0
-        while True:
-            if cancel is not None and cancel.is_set():
-                raise Cancelled()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError("no time left for the request within --agent-timeout")
-            start = time.monotonic()
-            try:
-                text, usage = self._cancellable(messages, min(self.request_timeout, remaining), cancel)
-                log(f"request ok in {time.monotonic() - start:.1f}s: input {usage.input_tokens} "
-                    f"(cached {usage.cached_tokens}), output {usage.output_tokens} tokens")
-                return text, usage
-            except openai.APIError as e:
-                if cancel is not None and cancel.is_set():
-                    raise Cancelled() from None
-                log(f"request failed after {time.monotonic() - start:.1f}s: {describe_error(e)}")
-                if not retryable(e) or attempt >= self.max_retries:
-                    raise
-                wait = retry_after_s(e)
-                wait = min(BACKOFF_MAX_S, self.backoff_s * 2 ** attempt if wait is None else wait)
-                if time.monotonic() + wait >= deadline:
-                    raise
-                attempt += 1
-                counts["retries"] += 1
-                log(f"retry {attempt}/{self.max_retries} in {wait:.2f}s")
-                if cancel is not None and cancel.wait(wait):  # the wait ends early on a cancel
-                    raise Cancelled() from None
-                if cancel is None:
-                    time.sleep(wait)
+    def _turn(self, client: openai.OpenAI, messages, attempts: Attempts, log) -> tuple[str, Usage]:
+        """(text, usage) of one turn, or raises the last error, Cancelled or OutOfTime."""
+        if attempts.cancel is not None and attempts.cancel.is_set():
+            raise Cancelled()
+        if time.monotonic() >= attempts.deadline:
+            raise OutOfTime()
+        start, attempts.attempt = time.monotonic(), 0
+        try:
+            text, usage = self._call(client, messages, attempts)
+        except openai.APIError as e:
+            if attempts.cancel is not None and attempts.cancel.is_set():
+                raise Cancelled() from None
+            log(f"request gave up after {time.monotonic() - start:.1f}s: {describe_error(e)}")
+            raise
+        log(f"request ok in {time.monotonic() - start:.1f}s: input {usage.input_tokens} "
+            f"(cached {usage.cached_tokens}), output {usage.output_tokens} tokens")
+        return text, usage
 
     # --- the invocation --------------------------------------------------------------------
 
@@ -280,25 +328,24 @@ class OpenAIResearcher:
 
         files = {p: (task.worktree / p).read_text() for p in task.editable if (task.worktree / p).is_file()}
         messages = [{"role": "user", "content": user_message(task, files)}]
-        usage, counts = Usage(), {"retries": 0}
+        usage, attempts = Usage(), Attempts(deadline, task.cancel, log, self.max_retries)
         log(f"openai {self.wire_api} {self.base_url} model {self.model}; prompt {len(messages[0]['content'])} chars")
         turn = 0
-        if self.client.is_closed():  # an earlier call was cancelled
-            self.client = self._new_client()
+        client = self._new_client(attempts)
         try:
             while True:
                 try:
-                    text, turn_usage = self._request_with_retries(messages, deadline, log, counts, task.cancel)
+                    text, turn_usage = self._turn(client, messages, attempts, log)
                 except Cancelled as e:
                     log("cancelled" + (" with a request in flight" if e.in_flight else ""))
                     # A request in flight may be billed but will never say how much: unknown.
                     spent = Usage.unknown() if e.in_flight else usage
-                    return Proposal("", spent, time.monotonic() - start, counts["retries"],
+                    return Proposal("", spent, time.monotonic() - start, attempts.retries,
                                     error="openai call cancelled", error_kind="cancelled")
-                except (openai.APIError, TimeoutError) as e:
-                    kind = "timeout" if isinstance(e, TimeoutError) else error_kind(e)
-                    detail = str(e) if isinstance(e, TimeoutError) else describe_error(e)
-                    return Proposal("", usage, time.monotonic() - start, counts["retries"],
+                except (openai.APIError, OutOfTime) as e:
+                    kind = "timeout" if isinstance(e, OutOfTime) else error_kind(e)
+                    detail = str(e) if isinstance(e, OutOfTime) else describe_error(e)
+                    return Proposal("", usage, time.monotonic() - start, attempts.retries,
                                     error=f"openai request failed ({kind}): {detail}", error_kind=kind)
                 usage = usage + turn_usage
                 log(f"--- answer (turn {turn}) ---\n{text}\n--- end of answer ---")
@@ -310,13 +357,14 @@ class OpenAIResearcher:
                         lines = str(e).splitlines()
                         first = next((x[2:] for x in lines if x.startswith("- ")), lines[0])
                         return Proposal(f"unusable edit after {turn} repair turns: {first}", usage,
-                                        time.monotonic() - start, counts["retries"])
+                                        time.monotonic() - start, attempts.retries)
                     messages += [{"role": "assistant", "content": text}, {"role": "user", "content": str(e)}]
                     turn += 1
                     continue
                 for path, new_text in changed.items():
                     (task.worktree / path).write_text(new_text)
                 log(f"applied edits to {', '.join(changed)}: {description}")
-                return Proposal(description, usage, time.monotonic() - start, counts["retries"])
+                return Proposal(description, usage, time.monotonic() - start, attempts.retries)
         finally:
+            client.close()
             logf.close()

@@ -9,7 +9,8 @@ and usage objects. Each request takes the next behaviour from a queue (or the de
     a callable(request) -> one of the above           e.g. lower_value, which edits VALUE
                                                       (approx_tokens sizes usage from the request)
 
-Every request is recorded (path, JSON body, whether it carried a bearer token).
+Every request is recorded (path, JSON body, whether it carried a bearer token, the client's
+attempt number).
 Standard library only.
 """
 from __future__ import annotations
@@ -52,6 +53,7 @@ class Request:
     path: str
     body: dict[str, Any]
     has_bearer: bool
+    retry_count: int | None = None  # the openai client's X-Stainless-Retry-Count: which attempt this was
 
     def text(self) -> str:
         """All message text of the request (instructions, input or messages) as one string."""
@@ -174,7 +176,8 @@ class ScriptedServer:
                 if path not in ("/v1/responses", "/v1/chat/completions"):
                     return self._send(404, {"error": {"message": f"Invalid URL (POST {path})",
                                                       "type": "invalid_request_error", "code": None}})
-                request = Request(path, body, key is not None)
+                attempt = self.headers.get("x-stainless-retry-count")
+                request = Request(path, body, key is not None, int(attempt) if attempt else None)
                 behaviour = server._check(request, key) or server._next(request)
                 if isinstance(behaviour, Hang):
                     server.stopping.wait(behaviour.seconds)

@@ -61,7 +61,6 @@ def test_a_researcher_that_hangs_is_killed_and_one_that_prints_garbage_is_surviv
 
 def test_an_api_429_storm_stops_the_night_with_the_cause_then_resumes(repo: Path, monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("HARNESS_BACKOFF_S", "0.01")
     with ScriptedServer(default=Fail(429, "Rate limit reached", "rate_limit_exceeded", "requests")) as server:
         args = ["run", "--repo", repo, "--tag", "api", "--agent", "openai", "--model", "gpt-5.4",
                 "--base-url", server.url, "--max-retries", 1, "--baseline-runs", 1]
