@@ -8,7 +8,7 @@ import pytest
 
 from conftest import git
 from fakes.helpers import rows
-from fakes.real_cli import Rig, netns  # noqa: F401,F811  (the fixture)
+from fakes.real_cli import Rig, assert_killed, fault_matrix, netns, run_through  # noqa: F401,F811  (the fixture)
 
 
 @pytest.fixture
@@ -59,24 +59,13 @@ def test_claude_edits_are_committed_and_the_price_table_wins_over_its_cost(repo:
 
 
 def test_claude_faults_cost_one_row_each_and_leave_nothing_running(repo: Path, rig: Rig):
-    # Each fault holds for the whole call (claude's own retries included); the next call gets the next.
-    rig.server.script({"do": "status", "status": 429, "message": "rate limited", "call": True},
-                      {"do": "status", "status": 529, "message": "Overloaded", "call": True},
-                      {"do": "hang", "call": True}, {"do": "garbage", "call": True}, "edit_then_hang",
-                      {"do": "edit", "input_tokens": 1000, "cached_tokens": 0, "output_tokens": 10})
-    # Five failures in a row would stop the night as unhealthy: here the loop is to go on.
-    done = rig.harness(*run_args(rig, repo, "rf", "--iterations", 6, "--agent-timeout", 6,
-                                 "--on-unhealthy", "continue"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    ledger = rows(repo, "rf")
-    assert [r["status"] for r in ledger] == ["keep", "crash", "crash", "crash", "crash", "crash", "keep"]
-    storm, overloaded, hang, garbage, half, good = ledger[1:]
+    storm, overloaded, hang, garbage, half, good = run_through(
+        rig, repo, "rf", run_args(rig, repo, "rf", "--agent-timeout", 6),
+        fault_matrix("rate limited", 529, "Overloaded"))
     # claude retries a 429 and a 529 itself (10 times, backing off) until it is killed: a storm, not a hang.
     assert storm["retries"] >= 1 and "still retrying: 429" in storm["description"]
     assert overloaded["retries"] >= 1 and "still retrying: 529" in overloaded["description"]
-    for row in (storm, overloaded, hang, half):  # killed before it reported anything: unknown, not 0
-        assert "did not finish within 6s" in row["description"], row
-        assert row["input_tokens"] is None and row["output_tokens"] is None, row
+    assert_killed([storm, overloaded, hang, half], 6)
     assert "no JSON result" not in hang["description"]  # killed while waiting: no error of claude's own
     # A 200 with garbage: claude asks once more (no api_retry event for it, so 0 retries), then gives up
     # by itself; it reports the one request that did answer, the side request naming the session.

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import git
 from fakes.helpers import rows
-from fakes.real_cli import Rig, netns  # noqa: F401,F811  (the fixture)
+from fakes.real_cli import Rig, assert_killed, fault_matrix, netns, run_through  # noqa: F401,F811  (the fixture)
 
 # With GOOGLE_GEMINI_BASE_URL, gemini 0.61 wants the key's auth type named in its settings.
 SETTINGS = {"security": {"auth": {"selectedType": "gemini-api-key"}}}
@@ -62,27 +62,16 @@ def test_check_says_gemini_needs_its_auth_type_for_a_base_url(repo: Path, rig: R
 
 
 def test_gemini_faults_cost_one_row_each_with_unknown_tokens(repo: Path, rig: Rig):
-    # Each fault holds for the whole call (gemini's own retries included); the next call gets the next.
-    rig.server.script({"do": "status", "status": 429, "message": "Resource exhausted", "call": True},
-                      {"do": "status", "status": 500, "message": "Internal error", "call": True},
-                      {"do": "hang", "call": True}, {"do": "garbage", "call": True}, "edit_then_hang",
-                      {"do": "edit", "input_tokens": 1000, "cached_tokens": 0, "output_tokens": 10})
-    # Five failures in a row would stop the night as unhealthy: here the loop is to go on.
-    done = rig.harness(*run_args(rig, repo, "rh", "--iterations", 6, "--agent-timeout", 8,
-                                 "--on-unhealthy", "continue"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    ledger = rows(repo, "rh")
-    assert [r["status"] for r in ledger] == ["keep", "crash", "crash", "crash", "crash", "crash", "keep"]
-    storm, internal, hang, garbage, half, good = ledger[1:]
+    storm, internal, hang, garbage, half, good = run_through(
+        rig, repo, "rh", run_args(rig, repo, "rh", "--agent-timeout", 8),
+        fault_matrix("Resource exhausted", 500, "Internal error"))
     # gemini retries a 429 and a 500 itself, backing off, until it is killed: its retries are counted.
     assert storm["retries"] >= 1 and "status 429" in storm["description"]
     assert internal["retries"] >= 1 and "status 500" in internal["description"]
     # A 200 with garbage: gemini asks again and again without a word (about 10 s for its 4 attempts,
     # see the check below), so within 8 s it is killed like a hang, with no retries it reported.
     assert sum(1 for r in rig.server.requests() if r["behaviour"] == "garbage") >= 2
-    for row in (storm, internal, hang, garbage, half):  # killed before it reported: unknown, not 0
-        assert "did not finish within 8s" in row["description"], row
-        assert row["input_tokens"] is None and row["output_tokens"] is None, row
+    assert_killed([storm, internal, hang, garbage, half], 8)
     assert (good["input_tokens"], good["output_tokens"]) == (2000, 20)
     assert "VALUE = 0.9" in git(repo, "show", "autoresearch/rh:train.py")  # the half edit was not kept
     log = (repo / "runs" / "rh" / "logs" / "iter-0001-agent.log").read_text()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from .helpers import rows
 from .netns import Netns, Server, describe, unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,6 +101,33 @@ class Rig:
     def close(self) -> None:
         self.server.stop()
         shutil.rmtree(self.home, ignore_errors=True)
+
+
+def fault_matrix(rate_limited: str, status: int, failed: str) -> list:
+    """The faults in the order one `harness run` meets them, each held for the whole call (the CLI's own
+    retries included): a 429 storm, a 5xx, a hang, a 200 with garbage, an edit then a hang; then a good call."""
+    return [{"do": "status", "status": 429, "message": rate_limited, "call": True},
+            {"do": "status", "status": status, "message": failed, "call": True},
+            {"do": "hang", "call": True}, {"do": "garbage", "call": True}, "edit_then_hang",
+            {"do": "edit", "input_tokens": 1000, "cached_tokens": 0, "output_tokens": 10}]
+
+
+def run_through(rig: Rig, repo: Path, tag: str, args: list, steps: list) -> list[dict]:
+    """`harness run ARGS` through the scripted steps, one iteration each: one crash row per fault and the
+    loop goes on (five failures in a row would stop it as unhealthy), a keep for the good call at the end."""
+    rig.server.script(*steps)
+    done = rig.harness(*args, "--iterations", len(steps), "--on-unhealthy", "continue")
+    assert done.returncode == 0, done.stderr[-3000:]
+    ledger = rows(repo, tag)
+    assert [r["status"] for r in ledger] == ["keep"] + ["crash"] * (len(steps) - 1) + ["keep"], ledger
+    return ledger[1:]
+
+
+def assert_killed(rows: list[dict], timeout_s: int) -> None:
+    """Rows of calls killed at --agent-timeout before the CLI reported usage: tokens unknown, not 0."""
+    for row in rows:
+        assert f"did not finish within {timeout_s}s" in row["description"], row
+        assert row["input_tokens"] is None and row["output_tokens"] is None, row
 
 
 @pytest.fixture(scope="module")
