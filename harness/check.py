@@ -41,6 +41,8 @@ HELP = {
                "is {where} reachable and the model this slow?",
     "connection": "cannot connect to {where}: check --base-url and that the server is running.",
     "server": "the server failed (5xx, overloaded or high demand): try again later, or another --base-url.",
+    "bad_response": "the answer from {where} was not the API's format (empty, malformed or cut off): is "
+                    "--base-url an API of the kind {agent} speaks, and not a web page or a proxy's error page?",
     "cancelled": "the researcher call was cancelled before it finished.",
     "bad_request": "the server refused the request (400): does the model support the options given "
                    "(--temperature, --reasoning-effort, --wire-api)?",

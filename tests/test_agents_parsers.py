@@ -181,6 +181,8 @@ def test_claude_result_usage_cost_and_not_logged_in():
     assert run.usage.cost_usd == 0.25
     killed = parse_claude_result("\n".join(json.dumps(e) for e in [{"type": "system", "subtype": "init"}, retry]))
     assert killed.usage is None and killed.retries == 1 and classify(killed.error) == "rate_limit"
+    waiting = parse_claude_result(json.dumps({"type": "system", "subtype": "init"}))  # killed while it waited
+    assert waiting.usage is None and not waiting.found  # no words of its own for the row's description
 
 
 def test_gemini_json_output_tokens_and_errors():
@@ -200,6 +202,14 @@ def test_gemini_json_output_tokens_and_errors():
               "Attempt 2 failed with status 429. Retrying with backoff... _ApiError: quota\n")
     killed = parse_gemini_output("", stderr)
     assert killed.retries == 2 and killed.usage is None and classify(killed.error) == "rate_limit"
+    # A call that fails by itself prints its error object on stderr, after the stack trace.
+    failed = {"session_id": "s1", "error": {"type": "Error", "message": "Incomplete JSON segment at the end",
+                                            "code": 1}}
+    stderr = ("Warning: 256-color support not detected.\nError: x\n    at Turn.run (file:///b.js:1:2) {\n"
+              "  status: 500\n}\n" + json.dumps(failed, indent=2) + "\n")
+    run = parse_gemini_output("", stderr)
+    assert run.error == "Incomplete JSON segment at the end" and run.found
+    assert classify(run.error) == "bad_response"
 
 
 def _result(**kw):
@@ -263,6 +273,12 @@ def test_classify_error_texts():
     assert classify("Not logged in. Please run /login") == "not_logged_in"
     assert classify("model gpt-9 does not exist") == "not_found"
     assert classify("segfault") == "agent"
+    # A 200 whose body is no answer of the API's, in each CLI's words (tests/test_agents_real_*.py):
+    for text in ("API Error: API returned an empty or malformed response (HTTP 200) — check for a proxy",
+                 "stream disconnected before completion: stream closed before response.completed",
+                 "Incomplete JSON segment at the end"):
+        assert classify(text) == "bad_response", text
+    assert classify("stream disconnected before completion: error sending request for url") == "connection"
 
 
 # ---------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import git
 from fakes.helpers import rows
-from fakes.real_cli import Rig, netns  # noqa: F401,F811  (the fixture)
+from fakes.real_cli import Rig, assert_killed, fault_matrix, netns, run_through  # noqa: F401,F811  (the fixture)
 
 
 @pytest.fixture
@@ -49,36 +49,49 @@ def test_claude_edits_are_committed_and_the_price_table_wins_over_its_cost(repo:
     assert manifest["base_url_host"] == f"127.0.0.1:{rig.server.port}"
     assert rig.key not in (repo / "runs" / "rl" / "run.json").read_text()
     assert rig.leftovers() == []
+    # claude looks up api.anthropic.com although ANTHROPIC_BASE_URL points at our server: recorded,
+    # answered NXDOMAIN and never connected to; nothing else was tried.
+    assert rig.lookups() == {"api.anthropic.com"}
     report = rig.harness("report", repo / "runs" / "rl")
     assert report.returncode == 0, report.stderr[-2000:]
     markdown = (repo / "runs" / "rl" / "report.md").read_text()
     assert "| cost from | table |" in markdown  # the report says where the cost came from
 
 
-def test_claude_storm_and_hang_are_crashes_with_retries_and_unknown_tokens(repo: Path, rig: Rig):
-    rig.server.script({"do": "status", "status": 429, "message": "rate limited", "times": 100})
-    done = rig.harness(*run_args(rig, repo, "rs", "--iterations", 1, "--agent-timeout", 6))
-    assert done.returncode == 0, done.stderr[-3000:]
-    rig.server.script("edit_then_hang")
-    done = rig.harness(*run_args(rig, repo, "rs", "--iterations", 2, "--agent-timeout", 6, "--resume"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    ledger = rows(repo, "rs")
-    assert [r["status"] for r in ledger] == ["keep", "crash", "crash"]
-    storm, half = ledger[1:]
-    assert storm["retries"] >= 1 and "429" in storm["description"]  # a storm, not a silent hang
-    assert "did not finish within 6s" in half["description"]
-    for row in (storm, half):
-        assert row["input_tokens"] is None and row["output_tokens"] is None
-    log = (repo / "runs" / "rs" / "logs" / "iter-0001-agent.log").read_text()
-    assert '"api_retry"' in log
-    assert "VALUE = 1.0" in git(repo, "show", "autoresearch/rs:train.py")
+def test_claude_faults_cost_one_row_each_and_leave_nothing_running(repo: Path, rig: Rig):
+    storm, overloaded, hang, garbage, half, good = run_through(
+        rig, repo, "rf", run_args(rig, repo, "rf", "--agent-timeout", 6),
+        fault_matrix("rate limited", 529, "Overloaded"))
+    # claude retries a 429 and a 529 itself (10 times, backing off) until it is killed: a storm, not a hang.
+    assert storm["retries"] >= 1 and "still retrying: 429" in storm["description"]
+    assert overloaded["retries"] >= 1 and "still retrying: 529" in overloaded["description"]
+    assert_killed([storm, overloaded, hang, half], 6)
+    assert "no JSON result" not in hang["description"]  # killed while waiting: no error of claude's own
+    # A 200 with garbage: claude asks once more (no api_retry event for it, so 0 retries), then gives up
+    # by itself; it reports the one request that did answer, the side request naming the session.
+    assert "malformed response (HTTP 200)" in garbage["description"] and garbage["retries"] == 0
+    assert (garbage["input_tokens"], garbage["output_tokens"]) == (11, 3)
+    assert sum(1 for r in rig.server.requests() if r["behaviour"] == "garbage") == 2
+    assert (good["input_tokens"], good["output_tokens"]) == (3 * 1000 + 11, 3 * 10 + 3)
+    assert "VALUE = 0.9" in git(repo, "show", "autoresearch/rf:train.py")  # the half edit was not kept
+    log = (repo / "runs" / "rf" / "logs" / "iter-0001-agent.log").read_text()
+    assert log.count('"api_retry"') == storm["retries"]  # the whole stream is in the agent log
     assert rig.leftovers() == []
+    rig.lookups()
 
 
-@pytest.mark.parametrize("status, says", [(529, "the server failed (5xx"), (429, "rate limited (429)")])
-def test_check_names_the_class_of_claudes_529_and_429(repo: Path, rig: Rig, status: int, says: str):
-    rig.server.script({"do": "status", "status": status, "message": "Overloaded", "times": 100})
+@pytest.mark.parametrize("fault, says", [
+    ({"do": "status", "status": 429, "message": "rate limited", "call": True}, "rate limited (429)"),
+    ({"do": "status", "status": 529, "message": "Overloaded", "call": True}, "the server failed (5xx"),
+    ("hang", "no answer within the time limit"),
+    ({"do": "garbage", "call": True}, "was not the API's format"),
+    ("edit_then_hang", "no answer within the time limit"),
+], ids=["429", "529", "hang", "garbage", "edit_then_hang"])
+def test_check_names_the_class_of_each_claude_fault(repo: Path, rig: Rig, fault, says: str):
+    rig.server.script(fault)
     done = rig.harness("check", "--repo", repo, "--agent", "claude", "--model", "test-model",
-                       "--base-url", rig.server.url(), "--agent-executable", rig.executable, "--agent-timeout", 6)
+                       "--base-url", rig.server.url(), "--agent-executable", rig.executable, "--agent-timeout", 5)
     assert done.returncode == 1
     assert says in done.stderr, done.stderr[-2000:]
+    assert rig.leftovers() == []
+    rig.lookups()

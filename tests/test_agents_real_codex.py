@@ -8,7 +8,7 @@ import pytest
 
 from conftest import git
 from fakes.helpers import rows
-from fakes.real_cli import Rig, netns  # noqa: F401,F811  (the fixture)
+from fakes.real_cli import Rig, assert_killed, fault_matrix, netns, run_through  # noqa: F401,F811  (the fixture)
 
 HIGH_DEMAND = "We're currently experiencing high demand, which may cause temporary errors."
 FEW_RETRIES = ["--agent-arg", "-c", "--agent-arg", "model_providers.harness.request_max_retries=1",
@@ -54,6 +54,9 @@ def test_codex_edits_are_committed_trained_and_its_tokens_are_the_servers(repo: 
         if path.is_file():
             assert rig.key not in path.read_text(errors="replace"), path
     assert rig.leftovers() == []
+    # Codex looks up its update check's and ChatGPT's hosts even with a provider of ours: each one
+    # recorded, answered NXDOMAIN and never connected to; nothing else was tried.
+    assert rig.lookups()
     # A resume that points codex elsewhere is refused, naming both.
     other = run_args(rig, repo, "rc", "--iterations", 3, "--resume")
     other[other.index("--base-url") + 1] = "http://127.0.0.1:9/v1"
@@ -63,44 +66,44 @@ def test_codex_edits_are_committed_trained_and_its_tokens_are_the_servers(repo: 
 
 
 def test_codex_faults_cost_one_row_each_and_leave_nothing_running(repo: Path, rig: Rig):
-    # With one request retry and one stream retry, codex asks twice after a 429 and four times after a 500.
-    rig.server.script({"do": "status", "status": 429, "message": "Rate limit reached", "times": 2},
-                      {"do": "status", "status": 500, "message": HIGH_DEMAND, "times": 4},
-                      {"do": "garbage", "times": 2}, "hang", "edit_then_hang",
-                      {"do": "edit", "input_tokens": 1000, "cached_tokens": 0, "output_tokens": 10})
-    # Five failures in a row would stop the night as unhealthy: here the loop is to go on.
-    done = rig.harness(*run_args(rig, repo, "rf", "--iterations", 6, "--agent-timeout", 8, "--on-unhealthy",
-                                 "continue", *FEW_RETRIES))
-    assert done.returncode == 0, done.stderr[-3000:]
-    ledger = rows(repo, "rf")
-    assert [r["status"] for r in ledger] == ["keep", "crash", "crash", "crash", "crash", "crash", "keep"]
-    storm, demand, garbage, hang, half, good = ledger[1:]
+    # With one request retry and one stream retry, codex asks twice after a 429 and four times after a 500,
+    # twice after garbage; then it gives up by itself.
+    storm, demand, hang, garbage, half, good = run_through(
+        rig, repo, "rf", run_args(rig, repo, "rf", "--agent-timeout", 8, *FEW_RETRIES),
+        fault_matrix("Rate limit reached", 500, HIGH_DEMAND))
+    assert [r["behaviour"] for r in rig.server.requests() if r["behaviour"] in ("status", "garbage")] == (
+        ["status"] * 6 + ["garbage"] * 2)
     assert "stream disconnected" in garbage["description"] and garbage["retries"] >= 1
     assert "429" in storm["description"] and storm["retries"] >= 1
     assert "high demand" in demand["description"] and demand["retries"] >= 1
-    assert "did not finish within 8s" in hang["description"] and "did not finish within 8s" in half["description"]
-    for row in (storm, demand, garbage, hang, half):  # codex reported no usage: unknown, not 0
+    assert_killed([hang, half], 8)
+    for row in (storm, demand, garbage):  # codex gave up by itself, but reports no usage of a failed turn
         assert row["input_tokens"] is None and row["output_tokens"] is None, row
     assert (good["input_tokens"], good["output_tokens"]) == (2000, 20)
     assert "VALUE = 0.9" in git(repo, "show", "autoresearch/rf:train.py")  # the half edit was not kept
     log = (repo / "runs" / "rf" / "logs" / "iter-0001-agent.log").read_text()
     assert log.count("Reconnecting...") >= 1  # the whole output of the CLI is in the agent log
     assert rig.leftovers() == []
+    rig.lookups()  # nothing but the scripted server, and the known names, blocked
     assert rig.harness("report", repo / "runs" / "rf").returncode == 0
     markdown = (repo / "runs" / "rf" / "report.md").read_text()
     assert "| calls with unknown usage (killed before reporting) | 5 |" in markdown
 
 
-@pytest.mark.parametrize("fault, says", [
-    ({"do": "status", "status": 500, "message": HIGH_DEMAND, "times": 4}, "the server failed (5xx"),
-    ({"do": "status", "status": 429, "message": "Rate limit reached", "times": 2}, "rate limited (429)"),
-    ("hang", "no answer within the time limit"),
-])
-def test_check_names_the_class_of_each_codex_fault(repo: Path, rig: Rig, fault, says: str):
+# Codex's own words come with the class: "high demand" is no agent error. A 200 with garbage ends
+# codex's stream "before response.completed": a malformed answer, not an unreachable server.
+@pytest.mark.parametrize("fault, says, words", [
+    ({"do": "status", "status": 429, "message": "Rate limit reached", "call": True}, "rate limited (429)", "429"),
+    ({"do": "status", "status": 500, "message": HIGH_DEMAND, "call": True}, "the server failed (5xx", "high demand"),
+    ("hang", "no answer within the time limit", "did not finish within 4s"),
+    ({"do": "garbage", "call": True}, "was not the API's format", "closed before response.completed"),
+    ("edit_then_hang", "no answer within the time limit", "did not finish within 4s"),
+], ids=["429", "500", "hang", "garbage", "edit_then_hang"])
+def test_check_names_the_class_of_each_codex_fault(repo: Path, rig: Rig, fault, says: str, words: str):
     rig.server.script(fault)
-    done = rig.harness("check", "--repo", repo, "--agent", "codex", "--model", "test-model", "--agent-timeout", 6,
+    done = rig.harness("check", "--repo", repo, "--agent", "codex", "--model", "test-model", "--agent-timeout", 4,
                        "--base-url", rig.server.url("/v1"), "--agent-executable", rig.executable, *FEW_RETRIES)
     assert done.returncode == 1
-    assert says in done.stderr, done.stderr[-2000:]
-    if fault != "hang":  # codex's own words come with the class: "high demand" is no agent error
-        assert ("high demand" if "500" in str(fault) else "429") in done.stderr
+    assert says in done.stderr and words in done.stderr, done.stderr[-2000:]
+    assert rig.leftovers() == []
+    rig.lookups()

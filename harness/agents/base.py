@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 # Why an invocation failed, for `harness check` to tell the user what to fix.
 ERROR_KINDS = ("missing_key", "auth", "not_found", "rate_limit", "not_logged_in", "timeout",
-               "server", "connection", "bad_request", "agent", "cancelled")
+               "server", "bad_response", "connection", "bad_request", "agent", "cancelled")
 
 # The environment variables each backend takes its key from, in the order they are looked up.
 KEY_VARS = {"openai": ("OPENAI_API_KEY",), "codex": ("CODEX_API_KEY", "OPENAI_API_KEY"),

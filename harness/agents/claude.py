@@ -50,10 +50,10 @@ def parse_claude_result(text: str) -> CLIOutput:
     data = next((e for e in reversed(events) if e.get("type") == "result"), None)
     if data is None:
         retry = next((e for e in reversed(events) if e.get("subtype") == "api_retry"), None)
-        error = "claude printed no JSON result object"
-        if retry is not None:
-            error = f"claude was still retrying: {retry.get('error_status') or ''} {retry.get('error') or ''}".strip()
-        return CLIOutput(None, "", error, bool(events), retries)
+        if retry is None:  # killed before it answered, or no stream at all: no error text of its own
+            return CLIOutput(None, "", "claude printed no JSON result object", False, retries)
+        error = f"claude was still retrying: {retry.get('error_status') or ''} {retry.get('error') or ''}".strip()
+        return CLIOutput(None, "", error, True, retries)
     cost = data.get("total_cost_usd")
     usage = result_usage(data, float(cost) if cost is not None else None)
     result = data.get("result") if isinstance(data.get("result"), str) else ""

@@ -4,7 +4,8 @@
 an approval (shell commands), as claude's acceptEdits does. The prompt comes on stdin (the
 `-p` text is appended to it). The JSON object it prints at the end carries the answer
 (`response`), an `error`, and per-model token counts (`stats.models.*.tokens`: prompt,
-cached, candidates, thoughts); its retries print `Attempt N failed with status S` on stderr.
+cached, candidates, thoughts); a call that fails prints its error object on stderr instead,
+after the stack trace; its retries print `Attempt N failed with status S` on stderr.
 `--base-url` sets GOOGLE_GEMINI_BASE_URL; gemini 0.61 then
 wants `security.auth.selectedType = "gemini-api-key"` in ~/.gemini/settings.json, or it
 refuses with "Invalid auth method selected" (docs/researchers.md).
@@ -30,6 +31,17 @@ def _result_object(text: str) -> dict[str, Any] | None:
         return whole
     start = text.find("\n{")  # a banner line, then the pretty-printed object
     return json_object(text[start + 1:]) if start >= 0 else None
+
+
+def _last_object(text: str) -> dict[str, Any] | None:
+    """The pretty-printed object that ends text, after warnings and stack traces (a failed call's stderr)."""
+    end = len(text)
+    while (start := text.rfind("\n{", 0, end)) >= 0:
+        found = json_object(text[start + 1:])
+        if found is not None:
+            return found
+        end = start
+    return json_object(text)
 
 
 def gemini_usage(stats: dict[str, Any]) -> Usage | None:
@@ -63,7 +75,7 @@ def stderr_retries(stderr: str) -> tuple[int, str | None]:
 
 def parse_gemini_output(text: str, stderr: str = "") -> CLIOutput:
     retried, last = stderr_retries(stderr)
-    data = _result_object(text.strip())
+    data = _result_object(text.strip()) or _last_object((stderr or "").strip())
     if data is None:
         if last:  # still retrying when it ended: its last attempt's failure says why
             return CLIOutput(None, "", last, True, retried)

@@ -150,6 +150,9 @@ KIND_PATTERNS = (
     ("timeout", r"timed? ?out|timeout"),
     ("server", r"\b5\d\d\b|internal server error|overloaded|service unavailable|high demand|"
                r"server_error|bad gateway"),
+    # A 200 whose body is not the API's format: a web page, a proxy's error page, a cut-off stream.
+    ("bad_response", r"malformed response|incomplete json|closed before response\.completed|"
+                     r"invalid (json|response)|unexpected end of json"),
     ("connection", r"connection (refused|reset|error)|could not resolve|network|stream disconnected"),
 )
 

@@ -24,6 +24,10 @@ behaviour is one of:
     {"do": "garbage"}         a 200 whose body is no event stream of the format
     {"do": "edit_then_hang"}  the edit tool call, then hang on the follow-up
 
+With `"call": true` a behaviour holds for every fresh request of the same conversation (the
+CLI's own retries of one call, however many it makes before it gives up or is killed); the
+first request of another conversation (the next iteration's call) moves on to the next one.
+
 Requests the CLI makes on the side (no tools offered: titles, quota probes) get a short
 text answer with small usage, recorded like every other. The formats are in llm_wires.py.
 Standard library only.
@@ -51,13 +55,16 @@ class Script:
         self.lock = threading.Lock()
         self.used = 0  # fresh requests answered so far under the current script
         self.text = "[]"
+        self.held: tuple[str, dict[str, Any]] | None = None  # (conversation, behaviour) of a "call" entry
 
-    def next(self) -> dict[str, Any]:
+    def next(self, conversation: str) -> dict[str, Any]:
         with self.lock:
             path = self.folder / "script.json"
             text = path.read_text() if path.exists() else "[]"
             if text != self.text:  # a new script starts from its first behaviour
-                self.text, self.used = text, 0
+                self.text, self.used, self.held = text, 0, None
+            if self.held is not None and self.held[0] == conversation:  # the same call, retried
+                return self.held[1]
             entries = json.loads(text)
             flat = []
             for entry in entries:
@@ -65,6 +72,7 @@ class Script:
                 flat += [entry] * int(entry.get("times", 1))
             behaviour = flat[self.used] if self.used < len(flat) else {"do": "edit"}
             self.used += 1
+            self.held = (conversation, behaviour) if behaviour.get("call") else None
             return behaviour
 
     def record(self, **data: Any) -> None:
@@ -109,7 +117,7 @@ class Handler(BaseHTTPRequestHandler):
         elif follow is not None:
             behaviour = {"do": "final", **follow}
         else:
-            behaviour = self.script.next()
+            behaviour = self.script.next(wire.conversation(body))
         kind = behaviour["do"]
         reported = None
         key_header = wire.key_header(self.headers)

@@ -6,6 +6,7 @@ Our tool calls' ids carry what the follow-up request needs (see _call_id). Stand
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import uuid
@@ -45,6 +46,7 @@ def sse(kind: str | None, data: dict[str, Any]) -> bytes:
 
 class Wire:
     content_type = "text/event-stream"
+    messages_key = ""  # the field of a request that holds its conversation
 
     def streams(self, path: str) -> bool:
         """Whether the answer at path is an event stream (else one JSON body)."""
@@ -69,12 +71,19 @@ class Wire:
     def visible_text(self, body: dict[str, Any]) -> str:
         return json.dumps(body).replace("\\n", "\n")
 
+    def conversation(self, body: dict[str, Any]) -> str:
+        """The conversation a fresh request opens (the prompt): the same for the CLI's retries of one
+        call, another for the next iteration's call (its prompt carries the ledger's new row)."""
+        return hashlib.sha256(json.dumps(body.get(self.messages_key), sort_keys=True).encode()).hexdigest()
+
 
 # ---------------------------------------------------------------------------
 # OpenAI Responses (codex): SSE events, tool calls as function_call output items
 
 
 class ResponsesWire(Wire):
+    messages_key = "input"
+
     def is_side_request(self, path: str, body: dict[str, Any]) -> bool:
         return not path.rstrip("/").endswith("/responses") or not body.get("tools")
 
@@ -148,6 +157,8 @@ def _follow(call_id: str | None) -> dict[str, Any]:
 
 
 class AnthropicWire(Wire):
+    messages_key = "messages"
+
     def is_side_request(self, path: str, body: dict[str, Any]) -> bool:
         return "/messages" not in path or not body.get("tools") or "count_tokens" in path
 
@@ -223,6 +234,8 @@ class AnthropicWire(Wire):
 
 
 class GeminiWire(Wire):
+    messages_key = "contents"
+
     def streams(self, path: str) -> bool:
         return "alt=sse" in path
 

@@ -2,11 +2,14 @@
 
 The real CLIs look up external hosts at start (telemetry, update checks, model lists) even
 with a custom base URL. Inside this namespace only `lo` exists: every lookup and every
-connection that is not to 127.0.0.1 fails at once, so nothing leaves the machine.
+connection that is not to 127.0.0.1 fails at once, so nothing leaves the machine, and each
+one is recorded (egress.py, the namespace's first process: every address routed to `lo`,
+SYNs and datagrams seen there, every DNS name asked answered NXDOMAIN).
 
-    ns = Netns.start()             # `unshare -n` holding a namespace open (root, or user namespaces)
+    ns = Netns.start(log)          # `unshare -n` holding a namespace open (root, or user namespaces)
     server = ns.server("responses", folder)   # tests/fakes/llm_server.py inside it
     subprocess.run(ns.argv(["python", "-m", "harness", "run", ...]))  # the harness inside it
+    mark = ns.mark(); ...; ns.attempts(mark)  # what tried to leave since the mark
 
 Processes join with `nsenter --net=/proc/PID/ns/net`. A namespace that cannot be made is
 a skip with the reason, never a silent run on the real network.
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SERVER = Path(__file__).parent / "llm_server.py"
+RECORDER = Path(__file__).parent / "egress.py"
 START_S = 20.0  # s to wait for the namespace or the server to come up
 
 
@@ -32,7 +36,8 @@ def unavailable() -> str | None:
     for tool in ("unshare", "nsenter", "ip"):
         if shutil.which(tool) is None:
             return f"`{tool}` is not installed (util-linux / iproute2)"
-    probe = subprocess.run(["unshare", "-n", "sh", "-c", "ip link set lo up"], capture_output=True,
+    probe = subprocess.run(["unshare", "-n", "sh", "-c", "ip link set lo up && ip route add local 0.0.0.0/0 dev lo"],
+                           capture_output=True,
                            text=True, timeout=20)
     if probe.returncode:
         return f"cannot make a network namespace: {probe.stderr.strip() or probe.returncode}"
@@ -72,22 +77,43 @@ class Server:
         self.proc.wait(timeout=10)
 
 
+def describe(entry: dict) -> str:
+    """One recorded attempt, for a failure message: `dns AAAA api.openai.com`, `tcp 1.2.3.4:443`."""
+    if entry["kind"] == "dns":
+        return f"dns {entry['type']} {entry['name']}"
+    return f"{entry['kind']} {entry['address']}:{entry['port']}"
+
+
 class Netns:
-    def __init__(self, holder: subprocess.Popen):
+    def __init__(self, holder: subprocess.Popen, log: Path):
         self.holder = holder
+        self.log = log
         self.servers: list[Server] = []
 
     @classmethod
-    def start(cls) -> "Netns":
+    def start(cls, log: Path) -> "Netns":
+        """The namespace, held by the egress recorder, which writes its attempts to log."""
         # The holder lives as long as the test process: it exits when it is orphaned.
-        watch = f"import os, time\nparent = {os.getpid()}\nwhile os.getppid() == parent: time.sleep(1)"
-        holder = subprocess.Popen(["unshare", "-n", "sh", "-c", 'ip link set lo up && echo up && exec "$0" -c "$1"',
-                                   sys.executable, watch], stdout=subprocess.PIPE, text=True, start_new_session=True)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.touch()
+        holder = subprocess.Popen(["unshare", "-n", sys.executable, str(RECORDER), "--parent", str(os.getpid()),
+                                   "--log", str(log)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  start_new_session=True)
         line = holder.stdout.readline().strip()
         if line != "up":
             holder.kill()
-            raise RuntimeError("the network namespace did not come up")
-        return cls(holder)
+            raise RuntimeError(f"the network namespace did not come up: {holder.stderr.read()[-2000:]}")
+        return cls(holder, log)
+
+    def mark(self) -> int:
+        """A place in the record: attempts(mark) are those made after it."""
+        return len(self.log.read_text().splitlines())
+
+    def attempts(self, since: int = 0) -> list[dict]:
+        """Every attempt to leave the namespace recorded after `since`, in order."""
+        if self.holder.poll() is not None:
+            raise RuntimeError("the egress recorder is gone: nothing after its end was recorded")
+        return [json.loads(line) for line in self.log.read_text().splitlines()[since:]]
 
     @property
     def path(self) -> str:
