@@ -76,8 +76,23 @@ def interrupts() -> Iterator[dict[str, Any]]:
     try:
         yield seen
     finally:
+        for s in signal.sigpending() & set(SIGNALS):  # held back during the clean-up: noted now
+            signal.sigtimedwait([s], 0)
+            seen["signum"] = seen["signum"] or s
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def quiet(seen: dict[str, Any]) -> None:
+    """The run is ending: later signals are only noted, and the main thread's children (git's
+    clean-up of worktrees) do not get them. A closed tmux pane or a second Ctrl-C signals the
+    terminal's whole process group, and a git killed half-way would leave its worktree behind;
+    blocked here, the signals stay blocked in what the main thread starts (the mask is inherited),
+    while the other threads still take them for the handler to note."""
+    seen["quiet"] = True
+    if threading.current_thread() is threading.main_thread():
+        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
 
 
 def safe(progress: Progress) -> Progress:
@@ -528,17 +543,17 @@ def run_all(folder: Path, repo: Path, runs_: list[RunDriver], gpus: tuple[str, .
                 held.callback(executor.close)
                 drive(runs_, executor, schedule)
             except KeyboardInterrupt as e:
-                seen["quiet"] = True
+                quiet(seen)
                 interrupted = e if isinstance(e, Interrupted) else Interrupted(signal.SIGINT)
                 stop(runs_, executor)
                 for r in runs_:
                     r.tidy(interrupted.why)
             except BaseException:
-                seen["quiet"] = True
+                quiet(seen)
                 stop(runs_, executor)  # an error in one run stops every lane and job, then is raised
                 raise
             finally:
-                seen["quiet"] = True
+                quiet(seen)
                 for r in runs_:
                     r.cancel.set()
         summaries = [r.summary() for r in runs_]
