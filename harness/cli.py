@@ -327,7 +327,7 @@ def rerun(commit, repeat, repo, **flags):
 @click.option("--hours", type=float, default=None, help="Hours per arm: each arm's own elapsed time.")
 @click.option("--iterations", type=int, default=None, help="Iterations per arm (the baseline not counted).")
 @click.option("--schedule", type=click.Choice(["interleave", "sequential", "parallel"]), default=None,
-              help="Default: parallel with two --gpus, else interleave.")
+              help="Default: parallel with two --gpus or --executor ray, else interleave.")
 @click.option("--gpus", default=None, help="One GPU per arm for CUDA_VISIBLE_DEVICES, e.g. 0,1.")
 @friendly
 def ab(repo, tag, resume, agent, model, agent_a, agent_b, model_a, model_b, arm_specs, repeats, workloads,
