@@ -92,7 +92,7 @@ def run_options(fn):
                      help="Run jobs under bubblewrap: auto (default: when it works here), bwrap (required), off."),
         click.option("--network/--no-network", default=None, help="Let sandboxed training jobs reach the network."),
         click.option("--executor", type=click.Choice(["local", "ray"]), default=None,
-                     help="Where training jobs run: this machine (local) or a Ray cluster (docs/ray.md)."),
+                     help="Where training jobs run: this machine (local) or a Ray cluster (docs/cluster.md)."),
         click.option("--ray-address", default=None, help="ray: the cluster's address (default $RAY_ADDRESS, else auto)."),
         click.option("--job-resources", default=None, metavar="JSON",
                      help='ray: resources per job, e.g. \'{"GPU": 1}\' (default) or \'{"CPU": 1}\'.'),
