@@ -11,7 +11,8 @@ slots are the GPUs. Schedules:
 - interleave: A, B, A, B, ... on one GPU, so both arms see the same machine (a GPU's speed
   drifts over a night) and get the same GPU time; the default on one GPU.
 - sequential: arm A until it stops, then arm B (the classic).
-- parallel: both arms at once, one GPU each (an executor with a slot per GPU).
+- parallel: both arms at once, one GPU each (an executor with a slot per GPU); the default with
+  `--executor ray`, where each arm's jobs go to the cluster's slots.
 
 --hours and --iterations are per arm. --hours is the arm's own elapsed time (the time it was
 being driven, carried across --resume), so interleaved arms, driven side by side, end together
@@ -73,11 +74,12 @@ def parse_gpus(gpus: str | None) -> list[str]:
     return out
 
 
-def choose_schedule(schedule: str | None, gpus: list[str]) -> str:
-    schedule = schedule or ("parallel" if len(gpus) >= 2 else "interleave")
+def choose_schedule(schedule: str | None, gpus: list[str], executor: str = "local") -> str:
+    """The arms' schedule; on a Ray cluster the arms run side by side by default (the cluster's slots)."""
+    schedule = schedule or ("parallel" if len(gpus) >= 2 or executor == "ray" else "interleave")
     if schedule not in SCHEDULES:
         raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
-    if schedule == "parallel" and len(gpus) < 2:
+    if schedule == "parallel" and len(gpus) < 2 and executor != "ray":
         raise ConfigError("--schedule parallel runs one arm per GPU: pass two GPUs, e.g. --gpus 0,1 "
                           "(or use --schedule interleave on one GPU)")
     return schedule
@@ -195,9 +197,9 @@ def run_ab(repo: Path, tag: str, arms: dict[str, tuple[str | None, str | None]] 
     if old is None and resume:
         raise RepoError(f"nothing to resume: {setup_path} does not exist. Drop --resume.")
     gpu_list = parse_gpus(gpus) if gpus is not None or old is None else list(old.get("gpus", []))
-    schedule = choose_schedule(schedule or (old or {}).get("schedule"), gpu_list)
     probe = resolve(repo, f"{tag}-a", {k: v for k, v in overrides.items()
                                        if k not in ("hours", "iterations", "max_tokens", "max_cost")})
+    schedule = choose_schedule(schedule or (old or {}).get("schedule"), gpu_list, probe.executor)
     base = old["baseline_commit"] if old else baseline_commit(
         repo, overrides.get("from_rev"), probe.editable, probe.protected)
     if old:  # an arm's agent, model and options cannot change under --resume

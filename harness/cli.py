@@ -92,7 +92,7 @@ def run_options(fn):
                      help="Run jobs under bubblewrap: auto (default: when it works here), bwrap (required), off."),
         click.option("--network/--no-network", default=None, help="Let sandboxed training jobs reach the network."),
         click.option("--executor", type=click.Choice(["local", "ray"]), default=None,
-                     help="Where training jobs run: this machine (local) or a Ray cluster (docs/ray.md)."),
+                     help="Where training jobs run: this machine (local) or a Ray cluster (docs/cluster.md)."),
         click.option("--ray-address", default=None, help="ray: the cluster's address (default $RAY_ADDRESS, else auto)."),
         click.option("--job-resources", default=None, metavar="JSON",
                      help='ray: resources per job, e.g. \'{"GPU": 1}\' (default) or \'{"CPU": 1}\'.'),
@@ -329,7 +329,7 @@ def rerun(commit, repeat, repo, **flags):
 @click.option("--hours", type=float, default=None, help="Hours per arm: each arm's own elapsed time.")
 @click.option("--iterations", type=int, default=None, help="Iterations per arm (the baseline not counted).")
 @click.option("--schedule", type=click.Choice(["interleave", "sequential", "parallel"]), default=None,
-              help="Default: parallel with two --gpus, else interleave.")
+              help="Default: parallel with two --gpus or --executor ray, else interleave.")
 @click.option("--gpus", default=None, help="One GPU per arm for CUDA_VISIBLE_DEVICES, e.g. 0,1.")
 @friendly
 def ab(repo, tag, resume, agent, model, agent_a, agent_b, model_a, model_b, arm_specs, repeats, workloads,

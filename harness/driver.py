@@ -38,6 +38,7 @@ from .step import (Candidate, Context, RunState, clear_journal, conflict_row, me
 
 PROPOSAL_GRACE_S = 5.0  # s to wait on a stop for proposal threads to finish (a commit in progress)
 POLL_S = 0.2  # s between checks of the threads (lets signals through)
+LANES_CHECK_S = 2.0  # s between readings of the executor's slots, when the lanes follow them (Ray)
 SIGNALS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
 
 
@@ -140,6 +141,7 @@ class Turns:
 class Lane:
     index: int
     slots: list[Context]  # one worktree, or two when pipelined
+    thread: threading.Thread | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -164,6 +166,9 @@ class RunDriver:
         self.ctx: Context | None = None
         self.state: RunState | None = None
         self.lanes: list[Lane] = []
+        self.executor: Any = None
+        self.guarded: Guarded | None = None
+        self.wanted = 0  # lanes that may start a candidate: all, or the executor's live slots (n_lanes None)
         self.threads: list[threading.Thread] = []
         self.proposals: list[threading.Thread] = []
         self.open: set[int] = set()
@@ -186,15 +191,19 @@ class RunDriver:
         self.issued = self.state.iteration
         rows = stops.ledger_rows(cfg)
         self.policy = stops.StopPolicy(cfg, rows, stops.RunClock(cfg.run_dir))
-        gate = GitGate(cfg.repo)
-        guarded = Guarded(self.researcher, self)
-        for i in range(self.n_lanes or executor.slots()):  # None: one lane per executor slot (Ray)
-            slots = []
-            for s in "ab"[: 2 if self.pipelined else 1]:
-                wt = gate.detached_worktree(cfg.run_dir / "lanes" / f"{i}{s}", self.state.best_commit)
-                slots.append(Context(cfg, wt, guarded, self.ctx.program_text, journal=f"inflight-{i}{s}.json",
-                                     executor=executor, cancel=self.cancel))
-            self.lanes.append(Lane(i, slots))
+        self.executor, self.guarded = executor, Guarded(self.researcher, self)
+        self.wanted = self.n_lanes or max(1, executor.slots())  # None: one lane per executor slot (Ray)
+        for i in range(self.wanted):
+            self.lanes.append(self.new_lane(i))
+
+    def new_lane(self, i: int) -> Lane:
+        """Lane i's worktrees (one, or two when pipelined) at the best; created, or re-attached on resume."""
+        cfg, gate, slots = self.cfg, GitGate(self.cfg.repo), []
+        for s in "ab"[: 2 if self.pipelined else 1]:
+            wt = gate.detached_worktree(cfg.run_dir / "lanes" / f"{i}{s}", self.state.best_commit)
+            slots.append(Context(cfg, wt, self.guarded, self.ctx.program_text, journal=f"inflight-{i}{s}.json",
+                                 executor=self.executor, cancel=self.cancel))
+        return Lane(i, slots)
 
     def progress(self, event: str, data: dict[str, Any]) -> None:
         if self.cfg.arm:
@@ -222,11 +231,9 @@ class RunDriver:
     def main(self) -> None:
         """Baseline (or the candidates an interruption left), then the lanes until a stop."""
         early = self.pipelined and self.fresh  # hide the first proposals behind the baseline
-        lanes = [threading.Thread(target=self._guarded, args=(self.lane_loop, lane), daemon=True,
-                                  name=f"lane-{self.cfg.tag}-{lane.index}") for lane in self.lanes]
         if early:
-            for t in lanes:
-                t.start()
+            for lane in self.lanes:
+                self.start_lane(lane)
         if self.fresh:
             runs.baseline(self.ctx, self.state, self.progress)
         else:
@@ -241,11 +248,42 @@ class RunDriver:
                                 "lanes": len(self.lanes), "pipeline": self.pipelined})
         self.ready.set()
         if not early:
-            for t in lanes:
-                t.start()
-        for t in lanes:
-            while t.is_alive():
-                t.join(POLL_S)
+            for lane in self.lanes:
+                self.start_lane(lane)
+        checked = time.monotonic()
+        while any(lane.thread.is_alive() for lane in self.lanes if lane.thread is not None):
+            if self.n_lanes is None and time.monotonic() - checked >= LANES_CHECK_S:
+                self.follow_slots()
+                checked = time.monotonic()
+            time.sleep(POLL_S)
+
+    def start_lane(self, lane: Lane) -> None:
+        lane.thread = threading.Thread(target=self._guarded, args=(self.lane_loop, lane), daemon=True,
+                                       name=f"lane-{self.cfg.tag}-{lane.index}")
+        lane.thread.start()
+
+    def follow_slots(self) -> None:
+        """One lane per slot of the executor, live: a node that joins the cluster gets lanes (new, or
+        ones that retired), one that leaves retires the highest lanes after their candidate."""
+        if self.stopped or self.cancel.is_set():
+            return
+        wanted = max(1, self.executor.slots())
+        if wanted != self.wanted:
+            message = f"{wanted} lane(s), was {self.wanted}: the executor offers {wanted} slot(s)"
+            self.wanted = wanted
+            events.record(self.cfg.run_dir, "lanes", message)
+            self.progress("event", {"kind": "lanes", "message": message})
+        for i in range(wanted):  # a lane that retired and is wanted again starts anew
+            if i >= len(self.lanes):
+                with self.lock:  # the best does not move while the worktrees are made at it
+                    self.lanes.append(self.new_lane(i))
+            lane = self.lanes[i]
+            if lane.thread is None or not lane.thread.is_alive():
+                self.start_lane(lane)
+
+    def retiring(self, lane: Lane) -> bool:
+        """A lane above the executor's live slots starts no new candidate (it finishes the one it has)."""
+        return lane.index >= self.wanted
 
     def wait_ready(self) -> bool:
         while not self.ready.is_set():
@@ -312,7 +350,8 @@ class RunDriver:
             return max(0.0, cfg.hours * 3600 - self.policy.clock.elapsed_s())
         if cfg.iterations is not None and self.policy.walls:
             left = max(0, cfg.iterations - self.policy.proposed)
-            return left * sum(self.policy.walls) / len(self.policy.walls) / max(1, len(self.lanes))
+            lanes = max(1, min(self.wanted, len(self.lanes)))
+            return left * sum(self.policy.walls) / len(self.policy.walls) / lanes
         return None
 
     def abort(self, error: BaseException | None) -> None:
@@ -451,6 +490,8 @@ class RunDriver:
                             self.stopped = self.stopped or stop
                 if pending is not None:
                     got, pending = self.wait(pending), None
+                elif self.retiring(lane):
+                    return
                 else:
                     got = self.prepare(lane, slot)
                 if got is None or not self.wait_ready():
@@ -463,7 +504,7 @@ class RunDriver:
                 if cand.outcome is not None:
                     self.record(lane, ctx, [cand.outcome])
                     continue
-                if self.pipelined:
+                if self.pipelined and not self.retiring(lane):
                     pending = self.prepare_async(lane, 1 - slot, self.note(cand))
                 while cand is not None:
                     cand = self.judge(lane, ctx, cand)

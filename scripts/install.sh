@@ -3,7 +3,7 @@
 #   bash scripts/install.sh               the supervisor alone (what `harness` imports: no torch)
 #   bash scripts/install.sh "[workload]"  + torch, for the bundled train.py (scripts/demo.sh)
 #   bash scripts/install.sh "[track]"     + mlflow, for --track mlflow;  "[report]": + matplotlib plots
-#   bash scripts/install.sh "[ray]"       + ray, for --executor ray (docs/ray.md)
+#   bash scripts/install.sh "[ray]"       + ray, for --executor ray (docs/cluster.md)
 #   bash scripts/install.sh "[test]"      everything the test suite needs (scripts/test.sh)
 # Extras that need torch get the pinned CPU build torch==2.13.0 first when no torch is present
 # (GPU users: install your CUDA build of torch first).

@@ -27,3 +27,21 @@ def test_a_slow_step_is_told_apart_from_code_that_ignores_the_budget():
     ignores = budget.judge(wall_s=905.0, time_budget_s=300, allowance_s=5.0, reported_train_s=290.0)
     assert not ignores.ok and "does not stop when HARNESS_TIME_BUDGET is spent" in ignores.reason
     assert "reported training_seconds 290.0, which the harness does not believe" in ignores.reason
+
+
+def test_baseline_runs_on_several_slots_at_once_calibrate_one_file(tmp_path):
+    import threading
+    barrier = threading.Barrier(8)
+
+    def one(i: int) -> None:
+        barrier.wait()
+        budget.calibrate(tmp_path, "abc", wall_s=10.0 + i, reported_train_s=10.0, time_budget_s=10)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    data = budget.read(tmp_path)
+    assert sorted(data["startup_s"]) == [float(i) for i in range(8)]  # none lost, none failed
+    assert not list(tmp_path.glob("*.tmp"))

@@ -1,8 +1,8 @@
 """The Ray executor on a real local Ray cluster: `harness run --executor ray` as a user runs it.
 
-The fixture starts one real Ray head node (`ray start --head --block`, 2 CPUs, no dashboard,
-no usage statistics) in a private temp dir and stops it, and everything it started, afterwards.
-Jobs ask for {"CPU": 1}: two slots.
+The fixture starts one real Ray head node (tests/raycluster.py: `ray start --head --block`,
+2 CPUs, no dashboard, no usage statistics) in a private temp dir and stops it, and everything it
+started, afterwards. Jobs ask for {"CPU": 1}: two slots. tests/test_ray_nodes.py has two nodes.
 """
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -26,59 +25,21 @@ from harness import ledger, supervise  # noqa: E402
 from harness.cli import main  # noqa: E402
 
 from conftest import ROOT, git, make_repo, set_globals, FAKE_TRAIN  # noqa: E402
+from raycluster import LocalCluster, free_port, processes_under, wait_for  # noqa: E402
 
-START_TIMEOUT_S = 90  # a loaded 2-core machine: the head node needs a few seconds, give it many
 CPU_JOB = '{"CPU": 1}'
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(address: str, env: dict[str, str], deadline: float) -> None:
-    probe = ("import ray, time\nray.init(address=%r, log_to_driver=False)\n"
-             "while ray.cluster_resources().get('CPU', 0) < 2: time.sleep(0.2)\n") % address
-    left = max(1.0, deadline - time.monotonic())
-    subprocess.run([sys.executable, "-c", probe], env=env, check=True, timeout=left, capture_output=True)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    temp = Path(tmp_path_factory.mktemp("ray"))
-    short = Path("/tmp") / f"rt-{uuid.uuid4().hex[:8]}"  # Ray's socket paths must stay short
-    short.symlink_to(temp)
-    port = free_port()
-    token = uuid.uuid4().hex  # every process the head starts inherits it: all found at teardown
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT),
-           supervise.TOKEN_VAR: token, "HARNESS_RAY_WORK_DIR": str(temp / "work")}
-    argv = ["ray", "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
-            "--num-cpus", "2", "--num-gpus", "0", "--include-dashboard=false", "--disable-usage-stats",
-            "--temp-dir", str(short)]
-    t0 = time.monotonic()
-    head = subprocess.Popen(argv, env=env, stdout=open(temp / "head.log", "wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    address = f"127.0.0.1:{port}"
+    c = LocalCluster(Path(tmp_path_factory.mktemp("ray")))
     try:
-        wait_ready(address, env, t0 + START_TIMEOUT_S)
-    except BaseException:
-        _stop(head, token)
-        raise
-    start_s = time.monotonic() - t0
-    yield {"address": address, "start_s": start_s, "work": temp / "work", "token": token}
-    _stop(head, token)
-    short.unlink(missing_ok=True)
-
-
-def _stop(head: subprocess.Popen, token: str) -> None:
-    """The head and everything it started (workers leave its group but keep the token)."""
-    try:
-        os.killpg(head.pid, signal.SIGTERM)
-        head.wait(timeout=10)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        pass
-    supervise._kill_all(lambda: supervise.members(pgid=head.pid, token=token), grace_s=2.0)
+        t0 = time.monotonic()
+        head = c.start("head", cpus=2)
+        yield {"address": c.address, "start_s": time.monotonic() - t0, "work": head.work}
+    finally:
+        c.stop()
+    assert not any(c.processes(n) for n in c.nodes)
 
 
 def harness(*args: str, expect: int = 0):
@@ -148,18 +109,6 @@ def test_killed_worker_is_retried_once(tmp_path: Path, cluster):
     assert not processes_under(cluster["work"])
 
 
-def processes_under(folder: Path) -> list[int]:
-    """Processes whose working directory is inside folder (a training job left behind)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and str(folder) in os.readlink(entry / "cwd"):
-                out.append(int(entry.name))
-        except OSError:
-            continue
-    return out
-
-
 def test_unreachable_cluster_is_a_clear_error(tmp_path: Path):
     repo = make_repo(tmp_path / "research")
     address = f"127.0.0.1:{free_port()}"
@@ -211,16 +160,6 @@ def test_failed_setup_marks_the_node_not_the_candidate(tmp_path: Path, cluster):
     assert "infrastructure: setup_command" in out and "exit code 3" in out and "download failed" in out, out
     assert "no usable node" in out  # the retry did not run the set-up again on that node
     assert count.read_text() == "x"
-
-
-def wait_for(what, timeout_s: float = 120.0, poll_s: float = 0.1):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = what()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
 
 
 def task_pid(tasks: Path) -> int | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ ALLOWANCE_FACTOR = 1.5  # the baseline's start-up time, times this ...
 ALLOWANCE_EXTRA_S = 2.0  # ... plus this many seconds: start-up varies from run to run
 DEFAULT_ALLOWANCE_S = 60.0  # s, before any baseline run was measured (an old run folder)
 IGNORES_FRACTION = 0.25  # over the budget by more than this fraction: not one slow step
+_LOCK = threading.Lock()  # baseline runs on several slots at once calibrate one file
 
 
 @dataclass(frozen=True)
@@ -40,15 +42,16 @@ def calibrate(state_dir: Path, commit: str, wall_s: float, reported_train_s: flo
               time_budget_s: float) -> float:
     """Record one baseline run; the allowance is taken from the slowest start-up seen."""
     path = Path(state_dir) / FILE
-    data = read(state_dir) or {}
-    if data.get("commit") != commit:
-        data = {"commit": commit, "startup_s": []}
-    data["startup_s"] = data["startup_s"] + [round(startup_s(wall_s, reported_train_s, time_budget_s), 3)]
-    data["allowance_s"] = allowance_of(data["startup_s"])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data) + "\n")
-    os.replace(tmp, path)
+    with _LOCK:
+        data = read(state_dir) or {}
+        if data.get("commit") != commit:
+            data = {"commit": commit, "startup_s": []}
+        data["startup_s"] = data["startup_s"] + [round(startup_s(wall_s, reported_train_s, time_budget_s), 3)]
+        data["allowance_s"] = allowance_of(data["startup_s"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data) + "\n")
+        os.replace(tmp, path)
     return data["allowance_s"]
 
 

@@ -8,8 +8,10 @@ executor's `train_once` runs under a supervisor of its own. The log comes back a
 files look as in a local run.
 
 Nodes: each attempt is pinned to one alive node that has the job's resources, the one with the
-fewest of this executor's jobs (nodes that join are used at the next job, nodes that leave are
-dropped); a node whose `setup_command` failed is not used again. Faults: a task killed by Ray
+fewest of this executor's jobs; a node whose `setup_command` failed is not used again. The slot
+count follows the cluster (`slots()`: the jobs that fit on the alive, usable nodes, read again
+every NODES_TTL_S), so nodes that join are used and nodes that leave are dropped, and the
+driver's lanes follow it; `--slots N` pins it. Faults: a task killed by Ray
 or a node lost is an infrastructure failure, retried once (on another node when there is one);
 a second failure is a `crash` whose reason starts with "infrastructure:". While a task runs its
 record is on disk under `<folder>/ray-tasks/`; a new executor on the same folder (--resume after
@@ -36,6 +38,7 @@ POLL_S = 0.2  # s between checks of a job's cancel flag while its task runs
 GRACEFUL_CANCEL_S = 15.0  # s a cancelled task has to kill its job itself before Ray kills the worker
 DRAIN_S = 10.0  # s to wait for a task's end after its result (it removes its folder)
 REAP_TIMEOUT_S = 60.0  # s for the clean-up task on a node
+NODES_TTL_S = 2.0  # s a reading of the cluster's nodes serves for the slot count
 ATTEMPTS = 2  # an infrastructure failure is retried once
 
 
@@ -58,15 +61,15 @@ class RayExecutor(ThreadedExecutor):
         self.run_job = self.ray.remote(ray_worker.run_job)
         self.reaper = self.ray.remote(ray_worker.reap)
         self.cancel_leftovers()
-        total = fits(self.ray.cluster_resources(), self.resources)
-        if slots is None and total < 1:
+        self.pinned = slots  # --slots N: that many, whatever the cluster holds
+        self.unusable: dict[str, str] = {}  # node id -> why (its setup_command failed)
+        self.count, self.read_at = self._capacity(), time.monotonic()
+        if slots is None and self.count < 1:
             raise ClusterError(f"no job of {json.dumps(self.resources)} fits in the Ray cluster at {self.address} "
                                f"(it has {self._summary()}); pass --job-resources, or add nodes")
-        self.count = slots or total
         self.cond = threading.Condition()
         self.running: dict[str, int] = {}  # node id -> this executor's jobs there
         self.busy = 0
-        self.unusable: dict[str, str] = {}  # node id -> why (its setup_command failed)
         self.futures: set[JobFuture] = set()
         self.threads: list[threading.Thread] = []
         self.closed = False
@@ -76,7 +79,16 @@ class RayExecutor(ThreadedExecutor):
         return ", ".join(f"{k} {v:g}" for k, v in sorted(res.items()) if k in ("CPU", "GPU")) or "no CPU or GPU"
 
     def slots(self) -> int:
+        """Jobs at once: --slots, or how many fit on the alive, usable nodes now (read every NODES_TTL_S)."""
+        if self.pinned:
+            return self.pinned
+        if time.monotonic() - self.read_at >= NODES_TTL_S:
+            self.count, self.read_at = self._capacity(), time.monotonic()
         return self.count
+
+    def _capacity(self) -> int:
+        nodes = [n for n in self.ray.nodes() if n.get("Alive") and n["NodeID"] not in self.unusable]
+        return sum(fits(n.get("Resources", {}), self.resources) for n in nodes)
 
     # -- the interface -----------------------------------------------------------------------
 
@@ -100,15 +112,16 @@ class RayExecutor(ThreadedExecutor):
     # -- one job -----------------------------------------------------------------------------
 
     def _take(self, job: Job) -> bool:
-        with self.cond:
-            while self.busy >= self.count:
+        """Wait for a free slot (the count follows the cluster); False when cancelled first."""
+        while True:
+            count = self.slots()  # outside the lock: it may ask the cluster
+            with self.cond:
                 if job.cancel.is_set() or self.closed:
                     return False
+                if self.busy < count:
+                    self.busy += 1
+                    return True
                 self.cond.wait(POLL_S)
-            if job.cancel.is_set() or self.closed:
-                return False
-            self.busy += 1
-            return True
 
     def _give(self) -> None:
         with self.cond:

@@ -30,12 +30,14 @@ def repo(tmp_path_factory):
         yield research_repo(tmp_path_factory.mktemp("cheats"))
 
 
-def run_cheats(repo, tag: str, policy: bool) -> dict[str, dict]:
-    names = [n for n in CHEATS if not policy or CHEATS[n].expect_policy]
+def run_cheats(repo, tag: str, policy: bool, names: list[str] | None = None,
+               settings: dict | None = None) -> dict[str, dict]:
+    """The cheats (all, or names) through one driver.run; settings: more of the run's (the executor)."""
+    names = names or [n for n in CHEATS if not policy or CHEATS[n].expect_policy]
     cfg = resolve(repo, tag, {"time_budget": TIME_BUDGET_S, "max_steps": MAX_STEPS, "kill_after": 60,
                               "baseline_runs": 1, "iterations": len(names), "policy": policy,
                               "on_unhealthy": "continue", "gate": "strict",
-                              "health_every": 0})
+                              "health_every": 0, **(settings or {})})
     driver.run(cfg, researcher=ScriptedResearcher([CHEATS[n].step for n in names]))
     rows = ledger.read_rows(cfg.ledger_path)
     assert rows[0]["status"] == "keep" and rows[0]["sealed"] == "yes"  # the baseline, by the separate evaluation
@@ -60,16 +62,25 @@ def policy_rows(repo):
     return run_cheats(repo, "policy", policy=True)
 
 
-@pytest.mark.parametrize("name", list(CHEATS))
-def test_runtime_layers_catch_the_cheat(runtime_rows, name):
-    """With the static policy off: scope checks, the sandbox, the separate evaluation, the clock."""
-    row = runtime_rows[name]
+def check_caught(row: dict, name: str) -> None:
     assert row["status"] not in ("keep", "repeat"), row
     cheat = CHEATS[name]
     if cheat.expect:
         assert cheat.expect in row["description"], row["description"]
     if row["metric"] is not None:  # what the evaluation measured, never a figure the job made up
         assert row["metric"] > 1.0 and row["sealed"] == "yes", row
+
+
+def check_nothing_left() -> None:
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, timeout=30).stdout
+    assert DAEMON_MARK not in out
+    assert not any(os.path.exists(p) for p in OUTSIDE)
+
+
+@pytest.mark.parametrize("name", list(CHEATS))
+def test_runtime_layers_catch_the_cheat(runtime_rows, name):
+    """With the static policy off: scope checks, the sandbox, the separate evaluation, the clock."""
+    check_caught(runtime_rows[name], name)
 
 
 @pytest.mark.parametrize("name", [n for n in CHEATS if CHEATS[n].expect_policy])
@@ -82,9 +93,7 @@ def test_default_layers_catch_the_cheat(policy_rows, name):
 
 
 def test_no_process_of_a_job_outlives_it_and_nothing_outside_changed(runtime_rows):
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, timeout=30).stdout
-    assert DAEMON_MARK not in out
-    assert not any(os.path.exists(p) for p in OUTSIDE)
+    check_nothing_left()
 
 
 def test_cheats_tried_and_kept_per_cause(runtime_rows, capsys):
