@@ -12,6 +12,7 @@ ledgers by figures.headline, the one definition every reader uses.
 """
 from __future__ import annotations
 
+import collections
 import json
 import statistics
 import threading
@@ -144,7 +145,9 @@ class Display:
         self.schedule = schedule
         self.ab = len(runs) > 1 or bool(runs and runs[0].name)
         self.start = time.monotonic()
-        self.lock = threading.RLock()
+        self.lock = threading.RLock()  # the state (runs, figures); never held while printing
+        self.print_lock = threading.Lock()  # lines in the order they were queued
+        self.pending: collections.deque[Text] = collections.deque()
         self.use_live = console.is_terminal if live is None else live
         self.live: Live | None = None
 
@@ -158,49 +161,66 @@ class Display:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self.flush()
         if self.live is not None:
             self.live.__exit__(*exc)
             self.live = None
             self.console.print(self.panel())  # the last state stays on screen
 
     def print(self, text: Text) -> None:
-        (self.live.console if self.live else self.console).print(text)
+        """Queued under the state's lock, written by flush() once it is released: rich's refresh
+        thread holds the Live's lock while it asks for the panel (the state's lock), so printing
+        with the state's lock held would take the two in the other order (a deadlock)."""
+        self.pending.append(text)
+
+    def flush(self) -> None:
+        with self.print_lock:
+            while self.pending:
+                (self.live.console if self.live else self.console).print(self.pending.popleft())
 
     # --- events ----------------------------------------------------------------------
 
     def __call__(self, event: str, data: dict[str, Any]) -> None:
-        with self.lock:
-            w = self.runs.get(data.get("arm", ""), next(iter(self.runs.values())))
-            prefix = (f"{w.name} ", "bold cyan") if self.ab and "arm" in data else ""
-            lane = data.get("lane")
-            if event == "baseline":
-                w.now = {None: {0: "training the baseline"}}
-                self.print(literal(prefix, ("baseline", "bold"), f" training commit {data['commit'][:12]} ..."))
-            elif event == "start":
-                w.iteration = data.get("iteration", 0)
-                w.now = {}
-                w.reload()
-                self.print(literal(prefix, f"best so far {figures_fmt(data.get('best'))} "
-                                           f"after iteration {data.get('iteration')}"))
-            elif event == "resumed":
-                w.now.setdefault(lane, {})[data["iteration"]] = "training"
-                self.print(literal(prefix, (f"iteration {data['iteration']}: training the candidate the "
-                                            f"interruption left untrained ({data['commit'][:12]}) ...", "dim")))
-            elif event == "iteration":
-                w.now.setdefault(lane, {})[data["iteration"]] = "proposing"
-                if not self.live:
-                    where = f" lane {lane}" if lane is not None else ""
-                    self.print(literal(prefix, (f"iteration {data['iteration']}{where}: researcher ...", "dim")))
-            elif event == "row":
-                self.on_row(w, data, prefix)
-            elif event == "event":
-                w.reload()
-                self.print(literal(prefix, "  ", (str(data.get("kind", "")), "bold magenta"), ": ",
-                                   str(data.get("message", ""))))
-            elif event == "stopping":
-                for run in self.runs.values():
-                    run.stopped = run.stopped or "finishing the iterations in flight"
-                self.print(literal(prefix, str(data.get("message", ""))))
+        try:
+            with self.lock:
+                self.handle(event, data)
+        finally:
+            self.flush()
+
+    def handle(self, event: str, data: dict[str, Any]) -> None:
+        w = self.runs.get(data.get("arm", ""), next(iter(self.runs.values())))
+        prefix = (f"{w.name} ", "bold cyan") if self.ab and "arm" in data else ""
+        lane = data.get("lane")
+        if event == "baseline":
+            w.now = {None: {0: "training the baseline"}}
+            self.print(literal(prefix, ("baseline", "bold"), f" training commit {data['commit'][:12]} ..."))
+        elif event == "start":
+            w.lanes = data.get("lanes") or w.lanes  # Ray: as many as the cluster's slots
+            w.iteration = data.get("iteration", 0)
+            w.now = {}
+            w.reload()
+            self.print(literal(prefix, f"best so far {figures_fmt(data.get('best'))} "
+                                       f"after iteration {data.get('iteration')}"))
+        elif event == "resumed":
+            w.now.setdefault(lane, {})[data["iteration"]] = "training"
+            self.print(literal(prefix, (f"iteration {data['iteration']}: training the candidate the "
+                                        f"interruption left untrained ({data['commit'][:12]}) ...", "dim")))
+        elif event == "iteration":
+            w.now.setdefault(lane, {})[data["iteration"]] = "proposing"
+            if not self.live:
+                where = f" lane {lane}" if lane is not None else ""
+                self.print(literal(prefix, (f"iteration {data['iteration']}{where}: researcher ...", "dim")))
+        elif event == "row":
+            self.on_row(w, data, prefix)
+        elif event == "event":
+            w.lanes = data.get("lanes") or w.lanes  # a node joined or left: the ETA follows
+            w.reload()
+            self.print(literal(prefix, "  ", (str(data.get("kind", "")), "bold magenta"), ": ",
+                               str(data.get("message", ""))))
+        elif event == "stopping":
+            for run in self.runs.values():
+                run.stopped = run.stopped or "finishing the iterations in flight"
+            self.print(literal(prefix, str(data.get("message", ""))))
 
     def on_row(self, w: Watched, data: dict[str, Any], prefix: Any) -> None:
         row = data["row"]

@@ -272,7 +272,7 @@ class RunDriver:
             message = f"{wanted} lane(s), was {self.wanted}: the executor offers {wanted} slot(s)"
             self.wanted = wanted
             events.record(self.cfg.run_dir, "lanes", message)
-            self.progress("event", {"kind": "lanes", "message": message})
+            self.progress("event", {"kind": "lanes", "message": message, "lanes": wanted})
         for i in range(wanted):  # a lane that retired and is wanted again starts anew
             if i >= len(self.lanes):
                 with self.lock:  # the best does not move while the worktrees are made at it

@@ -86,3 +86,18 @@ class ScriptedResearcher:
         train.write_text(set_globals(train.read_text(), **step))
         desc = ", ".join(f"{k}={v}" for k, v in step.items()) or "nothing"
         return Proposal(desc, agent_s=time.monotonic() - start)
+
+
+# ---------------------------------------------------------------------------
+# Parallel runs (pytest-xdist, `--dist loadgroup` in scripts/test.sh): the tests that start a
+# Ray cluster share one worker, one after another (a head binds fixed ports besides its own,
+# and two clusters at once would also take the two cores from everything else).
+SERIAL_GROUPS = {"ray": ("test_ray", "test_cheats_ray")}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = Path(str(item.fspath)).stem
+        for group, prefixes in SERIAL_GROUPS.items():
+            if name.startswith(prefixes):
+                item.add_marker(pytest.mark.xdist_group(group))

@@ -401,3 +401,53 @@ def test_status_beside_a_live_run_shows_the_candidate_in_flight(tmp_path: Path):
     assert data["live"] is True and data["in_flight"][0]["iteration"] == 1
     after = json.loads(run_cli("status", "lv", "--repo", repo, "--json").stdout)
     assert after["live"] is False and after["waiting_for_resume"] == []
+
+
+def test_the_eta_follows_the_lanes_the_cluster_offers(tmp_path: Path):
+    """On Ray the lanes follow the cluster's slots: the panel's ETA divides by the live count."""
+    import io
+    from rich.console import Console
+    from harness.cli_display import Display, Watched
+    run_dir = tmp_path / "runs" / "t"
+    run_dir.mkdir(parents=True)
+    (run_dir / "results.tsv").write_text(
+        "iteration\tval_bpb\tstatus\twall_s\n0\t1.0\tkeep\t60\n1\t1.1\tdiscard\t60\n")
+    w = Watched(name="", label="mutate", run_dir=run_dir, iterations=11)
+    display = Display(Console(file=io.StringIO()), [w], live=False)
+    display("start", {"best": 1.0, "iteration": 1, "lanes": 2})
+    assert w.eta_s(0.0, False) == pytest.approx(10 * 60 / 2)
+    display("event", {"kind": "lanes", "message": "4 lane(s), was 2", "lanes": 4})
+    assert w.eta_s(0.0, False) == pytest.approx(10 * 60 / 4)
+
+
+def test_the_live_panel_cannot_deadlock_with_rich_s_refresh(tmp_path: Path):
+    """rich's refresh thread holds the Live's lock while it asks for the panel; an event printed
+    meanwhile must not hold the panel's lock while it waits for the Live's (it froze a tmux run)."""
+    import io
+    import threading
+    from rich.console import Console
+    from harness.cli_display import Display, Watched
+    run_dir = tmp_path / "runs" / "t"
+    run_dir.mkdir(parents=True)
+    console = Console(file=io.StringIO(), force_terminal=True, width=120)
+    display = Display(console, [Watched(name="", label="mutate", run_dir=run_dir, iterations=3)], live=True)
+    display.__enter__()
+    printed = threading.Event()
+
+    def refresh():  # what rich's refresh thread does, slowed down
+        with display.live._lock:
+            printed.wait(1.0)  # the event below arrives while the Live's lock is held
+            display.panel()
+
+    def event():
+        display("baseline", {"commit": "a" * 40})
+        printed.set()
+    threads = [threading.Thread(target=f, daemon=True) for f in (refresh, event)]
+    threads[0].start()
+    time.sleep(0.2)
+    threads[1].start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads), "the display deadlocked"  # (left hanging, daemons)
+    display.__exit__(None, None, None)
+    assert "baseline" in console.file.getvalue()
