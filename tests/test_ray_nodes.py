@@ -27,7 +27,7 @@ from harness.cli import main  # noqa: E402
 from conftest import ROOT, FAKE_TRAIN, git, make_repo  # noqa: E402
 from raycluster import LocalCluster, processes_under, wait_for  # noqa: E402
 
-RUN_TIMEOUT_S = 300  # a whole night of sleep jobs on a loaded 2-core machine: wide
+RUN_TIMEOUT_S = int(os.environ.get("RAY_TEST_TIMEOUT_S", 300))  # a whole night of sleep jobs on a loaded 2-core machine: wide
 
 
 @pytest.fixture(scope="module")
@@ -156,8 +156,8 @@ def test_slots_follow_the_cluster_unless_pinned(tmp_path: Path, cluster):
 def test_a_node_joins_then_is_lost_mid_job(tmp_path: Path, cluster):
     """Nodes that join are used without a restart (a third lane), a lost node's job is retried once
     on another node, its lanes are dropped, and the night goes on."""
-    jobs = tmp_path / "jobs.txt"
-    repo = make_repo(tmp_path / "research", trainer(jobs, hold_s=2.0), kill_after=60)
+    jobs, hold = tmp_path / "jobs.txt", tmp_path / "hold"  # hold: jobs wait until the lanes were dropped
+    repo = make_repo(tmp_path / "research", trainer(jobs, hold_s=2.0, flag=hold), kill_after=120)
     night = start_night(repo, cluster, "grow", "--iterations", "14")
     run_dir = repo / "runs" / "grow"
     try:
@@ -170,7 +170,10 @@ def test_a_node_joins_then_is_lost_mid_job(tmp_path: Path, cluster):
                                  if r["node_id"] == c.node_id and r["job"] not in done_on_c], 60)
         in_flight = len(records(run_dir / "ray-tasks"))
         time.sleep(0.5)  # mid-job: each job holds 2 s
+        hold.touch()  # the night goes on no further until the lost node's lanes are dropped
         cluster.kill(c)
+        wait_for(lambda: any(e["message"].startswith("2 lane(s), was 3") for e in events_of(run_dir, "lanes")), 120)
+        hold.unlink()
         finish(night)
     finally:
         if night.poll() is None:
@@ -214,8 +217,14 @@ def test_killed_supervisor_with_tasks_on_both_nodes(tmp_path: Path, cluster):
     repo = make_repo(tmp_path / "research", trainer(tmp_path / "jobs.txt", flag=flag))
     first = start_night(repo, cluster, "r", "--iterations", "2")
     run_dir = repo / "runs" / "r"
-    running = wait_for(lambda: (lambda rs: rs if len({r["node_id"] for r in rs}) == 2 else None)(
-        records(run_dir / "ray-tasks")), RUN_TIMEOUT_S)
+    try:
+        running = wait_for(lambda: (lambda rs: rs if len({r["node_id"] for r in rs}) == 2 else None)(
+            records(run_dir / "ray-tasks")), RUN_TIMEOUT_S)
+    except AssertionError as e:
+        first.kill()
+        raise AssertionError(f"{e}; events: {(run_dir / 'events.log').read_text() if (run_dir / 'events.log').exists() else ''}"
+                             f"; tasks: {[p.read_text() for p in (run_dir / 'ray-tasks').glob('*')]}; nodes: {[(n.name, n.node_id) for n in cluster.nodes]}"
+                             f"; stderr: {first.stderr.read().decode()[-3000:]}") from None
     orphans = wait_for(lambda: (lambda ps: ps if len(ps) >= 2 else None)(
         [p for n in cluster.nodes[:2] for p in processes_under(n.work / "jobs")]))
     os.killpg(first.pid, signal.SIGKILL)  # the supervisor and both Ray workers die at once

@@ -158,8 +158,12 @@ class RayExecutor(ThreadedExecutor):
         for attempt in range(1, ATTEMPTS + 1):
             node_id = None
             try:
-                node_id = self._choose(tried)
-                return self._attempt(job, ship, data, node_id, attempt)
+                node_id = self._choose(tried)  # counted there: two jobs choosing at once pick two nodes
+                try:
+                    return self._attempt(job, ship, data, node_id, attempt)
+                finally:
+                    with self.cond:
+                        self.running[node_id or ""] -= 1
             except Infrastructure as e:
                 tried.append(e.node_id or node_id or "")
                 reasons.append(e.reason)
@@ -172,12 +176,16 @@ class RayExecutor(ThreadedExecutor):
         nodes = [n for n in self.ray.nodes() if n.get("Alive") and fits(n.get("Resources", {}), self.resources) >= 1]
         usable = [n["NodeID"] for n in nodes if n["NodeID"] not in self.unusable]
         if not nodes:
+            with self.cond:
+                self.running[""] = self.running.get("", 0) + 1
             return None  # Ray schedules it where it can (a node may join); a failure is retried
         if not usable:
             raise Infrastructure("no usable node: " + "; ".join(self.unusable.values()))
         fresh = [n for n in usable if n not in tried] or usable
         with self.cond:
-            return min(fresh, key=lambda n: (self.running.get(n, 0), fresh.index(n)))
+            node = min(fresh, key=lambda n: (self.running.get(n, 0), fresh.index(n)))
+            self.running[node] = self.running.get(node, 0) + 1
+            return node
 
     def _attempt(self, job: Job, cfg_ship: Any, data: Any, node_id: str | None, attempt: int) -> TrainResult:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -190,15 +198,11 @@ class RayExecutor(ThreadedExecutor):
         record = {"token": token, "job": job.name, "attempt": attempt, "node_id": node_id,
                   "address": self.address, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
         self._write_record(record)
-        with self.cond:
-            self.running[node_id or ""] = self.running.get(node_id or "", 0) + 1
         job.log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             with open(job.log_path, "wb") as log:
                 return self._follow(job, gen, log, record)
         finally:
-            with self.cond:
-                self.running[node_id or ""] -= 1
             (self.tasks_dir / f"{token}.json").unlink(missing_ok=True)
 
     def _follow(self, job: Job, gen: Any, log: Any, record: dict[str, Any]) -> TrainResult:
