@@ -17,4 +17,6 @@ if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)
 fi
 # The real researcher CLIs (codex, claude, gemini), pinned, into .cache/npm (not globally).
 bash scripts/install_clis.sh
-exec "$PY" -m pytest -q "$@"
+# Two workers (pytest-xdist): most tests wait on real processes. The Ray tests share one worker
+# (tests/conftest.py, SERIAL_GROUPS). HARNESS_TEST_WORKERS=0 runs everything in one process.
+exec "$PY" -m pytest -q -n "${HARNESS_TEST_WORKERS:-2}" --dist loadgroup "$@"
