@@ -24,7 +24,8 @@ class Tmux:
     def __init__(self, tmp_path: Path):
         self.socket = tmp_path / "tmux.sock"
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm-256color"}
-        self.env.pop("TMUX", None)
+        for name in ("TMUX", "COLUMNS", "LINES"):  # xdist's workers set COLUMNS=80: the pane's size must rule
+            self.env.pop(name, None)
 
     def __call__(self, *args: str, check: bool = True) -> str:
         out = subprocess.run(["tmux", "-S", str(self.socket), *args], env=self.env, capture_output=True,
@@ -40,11 +41,18 @@ class Tmux:
         deadline = time.monotonic() + timeout_s
         screen = ""
         while time.monotonic() < deadline:
-            screen = self.capture(target)
+            out = self("capture-pane", "-p", "-t", target, check=False)
+            if not out and self("has-session", "-t", target, check=False) == "" and not self.alive(target):
+                raise AssertionError(f"{words} never appeared; the pane closed, last showing:\n{screen}")
+            screen = out or screen
             if all(w in screen for w in words):
                 return screen
             time.sleep(0.2)
         raise AssertionError(f"{words} never appeared; the pane shows:\n{screen}")
+
+    def alive(self, target: str) -> bool:
+        return subprocess.run(["tmux", "-S", str(self.socket), "has-session", "-t", target], env=self.env,
+                              capture_output=True, timeout=30).returncode == 0
 
     def kill(self) -> None:
         self("kill-server", check=False)
