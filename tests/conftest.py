@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -87,6 +88,16 @@ class ScriptedResearcher:
         desc = ", ".join(f"{k}={v}" for k, v in step.items()) or "nothing"
         return Proposal(desc, agent_s=time.monotonic() - start)
 
+
+@pytest.fixture
+def work(tmp_path):
+    """A copy of the bundled workload, as the harness's worktree would hold it."""
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in ("train.py", "prepare.py"):
+        shutil.copy(ROOT / name, work / name)
+    shutil.copytree(ROOT / "data", work / "data")
+    return work
 
 # ---------------------------------------------------------------------------
 # Parallel runs (pytest-xdist, `--dist loadgroup` in scripts/test.sh): the tests that start a

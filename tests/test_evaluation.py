@@ -9,20 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 3
 
-
-@pytest.fixture
-def work(tmp_path):
-    work = tmp_path / "work"
-    work.mkdir()
-    for name in ("train.py", "prepare.py"):
-        shutil.copy(ROOT / name, work / name)
-    shutil.copytree(ROOT / "data", work / "data")
-    return work
 
 
 def run(work, *args, **env):

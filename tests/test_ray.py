@@ -81,16 +81,12 @@ def test_killed_worker_is_retried_once(tmp_path: Path, cluster):
     def kill_first_job():
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not killed:
-            for path in tasks.glob("*.json") if tasks.exists() else []:
-                try:
-                    pid = json.loads(path.read_text()).get("pid")
-                except ValueError:
-                    continue
-                if pid:
-                    time.sleep(1.0)  # mid-job: the fake trainer sleeps 4 s
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-                    return
+            pid = task_pid(tasks)
+            if pid:
+                time.sleep(1.0)  # mid-job: the fake trainer sleeps 4 s
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                return
             time.sleep(0.1)
 
     killer = threading.Thread(target=kill_first_job, daemon=True)

@@ -11,7 +11,6 @@ import lzma
 import os
 import random
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -26,16 +25,6 @@ TIMING_KEYS = {"training_seconds", "total_seconds"}  # the only figures that dif
 BLOCK_KEYS = {"val_bpb", "training_seconds", "total_seconds", "peak_vram_mb", "mfu_percent",
               "total_tokens_M", "num_steps", "num_params_M"}
 
-
-@pytest.fixture
-def work(tmp_path):
-    """A copy of the workload, as the harness's worktree would hold it."""
-    work = tmp_path / "work"
-    work.mkdir()
-    for name in ("train.py", "prepare.py"):
-        shutil.copy(ROOT / name, work / name)
-    shutil.copytree(ROOT / "data", work / "data")
-    return work
 
 
 def run(work, *args, timeout=120, **env):
