@@ -537,6 +537,13 @@ class RunDriver:
             self.policy.clock.save()
         return runs.summarize(self.cfg, self.state, self.stopped or "done")
 
+    def close(self) -> None:
+        """Every worktree's GitPython processes stopped now: a supervisor that exits next must
+        not leave them to outlive it, nor to whenever the objects are collected."""
+        for ctx in [self.ctx, *(c for lane in self.lanes for c in lane.slots)]:
+            if ctx is not None:
+                ctx.wt.close()
+
 
 class Guarded:
     """The researcher, wrapped so that no proposal is committed once the run is being stopped."""
@@ -580,6 +587,8 @@ def run_all(folder: Path, repo: Path, runs_: list[RunDriver], gpus: tuple[str, .
                     on_locked()
                 recovery.on_resume(folder)  # processes an earlier supervisor of this run left behind
                 held.enter_context(supervise.active(folder))
+                for r in runs_:
+                    held.callback(r.close)  # the worktrees' git processes, before the supervisor lets go
                 executor = make_executor(runs_[0].cfg, repo, folder, gpus)
                 held.callback(executor.close)
                 drive(runs_, executor, schedule)

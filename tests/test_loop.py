@@ -304,3 +304,35 @@ def test_a_journal_commit_that_is_gone_is_told_from_a_transient_git_error(repo: 
     monkeypatch.setattr(ctx.wt, "resolve", busy)
     with pytest.raises(gitpython.GitCommandError):
         runs.existing_commit(ctx, "HEAD")
+
+
+def git_children() -> list[str]:
+    """This process's live git children (GitPython's persistent cat-file processes), with their directory."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getpid() and cmd.startswith("git"):
+            found.append(f"{cmd} in {cwd}")
+    return found
+
+
+@pytest.mark.parametrize("overrides", [{}, {"pipeline": True}, {"gpus": ("0", "1")}],
+                         ids=["one lane", "pipelined", "two lanes"])
+def test_a_finished_run_leaves_no_git_process(repo: Path, overrides: dict):
+    """Each worktree's GitPython processes are closed with the run, not at some garbage collection
+    after it: a supervisor that exits straight after must not leave them to the checker."""
+    import gc
+    cfg = config(repo, iterations=3, **overrides)
+    gc.disable()  # what a process that exits at once sees: nothing collected in between
+    try:
+        driver.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}, {"VALUE": 0.8}, {"VALUE": 0.7}]))
+        assert git_children() == []
+    finally:
+        gc.enable()

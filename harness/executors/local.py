@@ -125,6 +125,8 @@ class LocalExecutor(ThreadedExecutor):
             t.join()
         with self.git_lock:
             for slot in self.all:
+                if slot.worktree is not None:
+                    slot.worktree.close()
                 slot.worktree = None
             self._remove_leftovers()
 
