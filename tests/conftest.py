@@ -100,15 +100,19 @@ def work(tmp_path):
     return work
 
 # ---------------------------------------------------------------------------
-# Parallel runs (pytest-xdist, `--dist loadgroup` in scripts/test.sh): the tests that start a
-# Ray cluster share one worker, one after another (a head binds fixed ports besides its own,
-# and two clusters at once would also take the two cores from everything else).
-SERIAL_GROUPS = {"ray": ("test_ray", "test_cheats_ray")}
+# Parallel runs (pytest-xdist, `--dist loadgroup` in scripts/test.sh). A module whose expensive
+# fixture is shared by its tests runs on one worker, so the fixture is made once, not once per
+# worker (or again whenever the worker's next test is another module's): the cheat suite's runs,
+# the built wheel. The tests that start a Ray cluster share one worker too, one after another (a
+# head binds fixed ports besides its own, and two clusters at once would take both cores).
+# First match wins: test_cheats_ray is Ray's.
+SERIAL_GROUPS = {"ray": ("test_ray", "test_cheats_ray"), "cheats": ("test_cheats",), "install": ("test_install",)}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks into node ids
 def pytest_collection_modifyitems(config, items):
     for item in items:
         name = Path(str(item.fspath)).stem
-        for group, prefixes in SERIAL_GROUPS.items():
-            if name.startswith(prefixes):
-                item.add_marker(pytest.mark.xdist_group(group))
+        group = next((g for g, prefixes in SERIAL_GROUPS.items() if name.startswith(prefixes)), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))

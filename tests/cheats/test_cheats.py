@@ -103,3 +103,9 @@ def test_cheats_tried_and_kept_per_cause(runtime_rows, capsys):
         for cause in tried:
             print(f"\ncheats {cause}: tried {tried[cause]}, kept {kept[cause]}", end="")
     assert sum(kept.values()) == 0
+
+
+def test_the_module_runs_on_one_worker(request):
+    """Its runs are made once (conftest.SERIAL_GROUPS): under xdist every test here is in one group."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        assert request.node.nodeid.endswith("@cheats"), request.node.nodeid
