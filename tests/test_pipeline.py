@@ -145,10 +145,10 @@ def propose_then_interrupt(task):
 
 @pytest.mark.parametrize("second, waiting", [(interrupt_then_propose, [1]), (propose_then_interrupt, [1, 2])])
 def test_ctrl_c_with_a_proposal_in_flight_then_resume(repo: Path, second, waiting):
-    cfg = config(repo, iterations=4)
+    cfg = config(repo, iterations=4, time_budget=20)  # the 8 s job is within its budget
     t0 = time.monotonic()
-    summary = driver.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9, "SLEEP_S": 4}, second]))
-    assert time.monotonic() - t0 < 3.5  # the training job was killed, not waited for
+    summary = driver.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9, "SLEEP_S": 8}, second]))
+    assert time.monotonic() - t0 < 6.5  # the 8 s training job was killed, not waited for
     assert "interrupted" in summary.stopped
     # Nothing was decided, so nothing is on the ledger yet: the committed candidates wait in
     # their journals for --resume to train them. The late proposal was never committed.

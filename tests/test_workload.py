@@ -80,9 +80,10 @@ def test_time_budget_run_reports_a_full_block(work):
     # It learned something (a uniform guess is 8 bits per byte). How much depends on the steps
     # the CPU managed in 10 s: about 3.6 on an idle 2-core machine, less far when it is loaded.
     assert float(figures["val_bpb"]) < 8.0 and int(figures["num_steps"]) > 0
-    # it stops before the step that would cross the budget (from its mean step time), so it ends
-    # a little under the budget, never much over it
-    assert budget * 0.7 <= float(figures["training_seconds"]) < budget + 2
+    # It stops before the step that would cross the budget (from its mean step time), so it ends
+    # near the budget, over it by at most the last step. Wide bounds: on a busy machine one step
+    # can take seconds (a neighbour's burst once made it 13.5 s of a 10 s budget).
+    assert budget * 0.5 <= float(figures["training_seconds"]) < budget * 2
     assert wall_s < 2 * budget + 15  # imports and evaluation on top of the budget
 
 
