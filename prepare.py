@@ -223,49 +223,97 @@ def score(forward, val, seq_len: int, batch_size: int, device) -> tuple[float, b
     Every call has the shape (batch_size, seq_len), so an exported model of fixed shape is scored
     exactly like the module it came from: a short last group is padded with copies of its first
     window and a short last window with the bytes after it, and the padding is not scored. This
-    one function serves evaluate_bpb (in-process) and the harness's separate evaluation."""
+    one function serves evaluate_bpb (in-process) and the harness's separate evaluation.
+
+    Every call starts from one random seed, drawn for this evaluation and kept secret, so a
+    model's random numbers are the same in every call and cannot count them; the global random
+    state is restored afterwards."""
     device = torch.device(device)
     n = min(EVAL_BYTES[device.type], len(val) - 1)  # the same bytes are scored whatever seq_len is
     starts = list(range(0, n, seq_len))
-    total_nats = 0.0
-    positions = torch.arange(seq_len + 1, device=device)
-    for i in range(0, len(starts), batch_size):
-        group = starts[i:i + batch_size]
-        rows = group + [group[0]] * (batch_size - len(group))
-        idx = (torch.tensor(rows, device=device)[:, None] + positions).clamp(max=len(val) - 1)
-        window = val[idx].long()
-        lengths = torch.tensor([min(seq_len, n - s) for s in group] + [0] * (batch_size - len(group)),
-                               device=device)
+    secret = int.from_bytes(os.urandom(8), "little")
+
+    def call(x):
+        torch.manual_seed(secret)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            logits = forward(window[:, :-1])
-        nll = F.cross_entropy(logits.float().reshape(-1, VOCAB_SIZE), window[:, 1:].reshape(-1),
-                              reduction="none").view(batch_size, seq_len)
-        total_nats += nll[positions[None, :seq_len] < lengths[:, None]].sum().item()
-    bpb = total_nats / n / math.log(2)
-    return bpb, _is_causal(forward, val, seq_len, batch_size)
+            return forward(x)
+
+    positions = torch.arange(seq_len + 1, device=device)
+    lengths = torch.tensor([min(seq_len, n - s) for s in starts], device=device)
+    scored = torch.empty(len(starts), seq_len, device=device)  # each window's loss by position
+    total_nats = 0.0
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        for i in range(0, len(starts), batch_size):
+            group = starts[i:i + batch_size]
+            rows = group + [group[0]] * (batch_size - len(group))
+            window = _windows(val, torch.tensor(rows, device=device), positions)
+            nll = _losses(call(window[:, :-1]), window[:, 1:])
+            total_nats += nll[:len(group)][positions[None, :seq_len] < lengths[i:i + len(group), None]].sum().item()
+            scored[i:i + len(group)] = nll[:len(group)]
+        bpb = total_nats / n / math.log(2)
+        causal = _is_causal(call, val, starts, lengths, scored, batch_size, secret)
+    return bpb, causal
 
 
-@torch.no_grad()
-def _is_causal(forward, val, seq_len: int, batch_size: int) -> bool:
-    """Changing the second half of a window must not change the predictions in its first half.
-    Both windows go through one call of the scoring shape, so the kernels are the same and a
-    causal model gives identical numbers; one that looks ahead differs by far more than the
-    tolerance after even a few steps (~1e-3 after 3 CPU steps)."""
-    if seq_len < 2:
-        return True
-    half = seq_len // 2
-    x = val[:seq_len].long()
-    y = x.clone()
-    y[half:] = (y[half:] + 1) % VOCAB_SIZE
-    device_type = x.device.type
-    with torch.autocast(device_type, dtype=torch.bfloat16, enabled=device_type == "cuda"):
-        if batch_size >= 2:
-            out = forward(torch.stack([x, y] + [x] * (batch_size - 2))).float()
-            a, b = out[0], out[1]
-        else:
-            a, b = forward(x[None]).float()[0], forward(y[None]).float()[0]
-    tolerance = 1e-5 if device_type == "cpu" else 1e-2 * (1.0 + a.abs().max().item())  # bf16 on GPUs
-    return (a[:half] - b[:half]).abs().max().item() <= tolerance
+def _windows(val, starts, positions):
+    return val[(starts[:, None] + positions).clamp(max=len(val) - 1)].long()
+
+
+def _losses(logits, targets):
+    return F.cross_entropy(logits.float().reshape(-1, VOCAB_SIZE), targets.reshape(-1),
+                           reduction="none").view(targets.shape)
+
+
+# The causality probe. Each scored window is fed again (PROBE_ROUNDS times, at least PROBE_ROWS
+# rows in all) with its bytes from a random cut on replaced by text from elsewhere, among other
+# rows than when it was scored; its loss before the cut must not move. The cuts, the rows' order
+# and the replacement text come from the evaluation's secret seed, and the model keeps nothing
+# between calls (check_program), so a probe call is no different to it from a scoring call: a
+# model that looks ahead, or at its neighbours, wherever a probe may look is refused. Cut =
+# seq_len changes the other rows only (a look at the next window's first byte).
+PROBE_ROWS = 1024
+PROBE_ROUNDS = 2
+NLL_TOLERANCE = {"cpu": 1e-4, "cuda": 1e-2}  # nats one prediction's loss may move (bf16 on GPUs)
+
+
+def _is_causal(call, val, starts, lengths, scored, batch_size: int, secret: int) -> bool:
+    seq_len, device = scored.shape[1], scored.device
+    gen = torch.Generator().manual_seed(secret)
+    n_windows = len(starts)
+    rounds = max(PROBE_ROUNDS, -(-PROBE_ROWS // n_windows))
+    positions = torch.arange(seq_len + 1, device=device)
+    tolerance = NLL_TOLERANCE.get(device.type, NLL_TOLERANCE["cuda"])
+    moved, at_cut = 0.0, []
+    for _ in range(rounds):
+        order = torch.randperm(n_windows, generator=gen)
+        cuts = torch.randint(1, seq_len + 1, (n_windows,), generator=gen)
+        for i in range(0, n_windows, batch_size):
+            w = order[i:i + batch_size]
+            fill = batch_size - len(w)  # rows of text from random offsets: distinct windows in every call
+            offsets = torch.randint(0, max(1, len(val) - seq_len - 1), (len(w) + fill,), generator=gen)
+            starts_w = torch.tensor([starts[k] for k in w.tolist()], dtype=torch.long)
+            original = _windows(val, starts_w.to(device), positions)
+            elsewhere = _windows(val, offsets.to(device), positions)
+            cut = cuts[w].to(device)
+            later = positions[None, :] >= cut[:, None]
+            probe = torch.where(later, elsewhere[:len(w)], original)
+            same = (probe == original) & (positions[None, :] == cut[:, None])  # the first replaced byte must differ
+            probe = torch.where(same, (original + 1) % VOCAB_SIZE, probe)
+            x = torch.cat([probe[:, :-1], elsewhere[len(w):, :-1]])
+            loss = _losses(call(x), torch.cat([original[:, 1:], elsewhere[len(w):, 1:]]))[:len(w)]
+            keep = positions[None, :seq_len] < torch.minimum(cut, lengths[w.to(device)])[:, None]
+            diff = (loss - scored[w.to(device)])[keep]
+            if diff.numel():
+                moved = max(moved, diff.abs().max().item())
+            last = (cut <= lengths[w.to(device)])
+            at_cut += (loss - scored[w.to(device)])[last, (cut - 1)[last]].tolist()
+    if moved > tolerance:
+        return False
+    # a small look ahead, under the tolerance, still shows as a loss that rises at the cut on average
+    d = torch.tensor(at_cut, dtype=torch.float64)
+    if len(d) >= 2 and d.mean().item() > 5 * d.std().item() / math.sqrt(len(d)) + tolerance / 10:
+        return False
+    return True
 
 
 # -----------------------------------------------------------------------------
@@ -385,6 +433,7 @@ def save_model(model, seq_len: int, batch_size: int) -> Path | None:
     model.eval()
     with torch.no_grad():
         program = torch.export.export(model, (torch.zeros(batch_size, seq_len, dtype=torch.long, device=device),))
+        program = program.run_decompositions(decomp_table={})  # functional: in-place ops rewritten, none decomposed
     model.train(was_training)
     tensors = {f"state_dict/{k}": v.detach().clone().contiguous() for k, v in program.state_dict.items()}
     for k, v in program.constants.items():
@@ -400,6 +449,18 @@ def save_model(model, seq_len: int, batch_size: int) -> Path | None:
     return folder
 
 
+UNINITIALISED = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted")
+
+
+def _keeps_state(target: str) -> bool:
+    """Does the ATen operator `torch.ops.aten.NAME.OVERLOAD` mutate an argument (a buffer, kept
+    between calls) or hand back memory as an earlier call left it? Unknown ones count as such."""
+    name, _, overload = target[len(OPERATOR_OK[0]):].partition(".")
+    op = getattr(getattr(torch.ops.aten, name, None), overload or "default", None)
+    schema = getattr(op, "_schema", None)
+    return schema is None or schema.is_mutable or name in UNINITIALISED
+
+
 def check_program(program: dict) -> list:
     """Why this serialized program may not be loaded (empty: only ATen on fixed shapes)."""
     problems = []
@@ -412,6 +473,16 @@ def check_program(program: dict) -> list:
     io = sorted(str(t) for t in targets if isinstance(t, str) and t.startswith(DENIED_OPERATORS))
     if io:  # from_file could read the validation bytes off the disk during scoring
         problems.append(f"operators that read or write files: {', '.join(io)}")
+    stateful = sorted(str(t) for t in targets if isinstance(t, str) and t.startswith(OPERATOR_OK[0]) and _keeps_state(t))
+    if stateful:  # a model that remembers its calls could tell the causality probe from the scoring
+        problems.append(f"operators that change tensors in place or return uninitialised memory (state kept "
+                        f"between calls): {', '.join(stateful[:5])}; export a model whose forward has no "
+                        f"side effects")
+    outputs = program.get("graph_module", {}).get("signature", {}).get("output_specs", [])
+    kinds = sorted({kind for spec in outputs for kind in spec if kind != "user_output"})
+    if kinds:  # a buffer it writes back is state kept between calls
+        problems.append(f"outputs other than the logits ({', '.join(kinds)}): the model changes its own tensors "
+                        f"when called; export a model whose forward has no side effects")
     if program.get("range_constraints") or program.get("guards_code"):
         problems.append("dynamic shapes (guards or range constraints); export with fixed shapes")
     if any(graph.get(k) for k in ("sym_int_values", "sym_bool_values", "sym_float_values", "custom_obj_values")):
@@ -625,6 +696,7 @@ _PRISTINE = {name: (dict(value) if isinstance(value, dict) else value) for name,
              if (name.isupper() and not name.startswith("_"))
              or name in ("_clock", "load_split", "get_batch", "evaluate_bpb", "report",
                          "_load_bundled", "_load_prepared", "_integrity_problems", "_is_causal", "_refuse", "score",
+                         "_windows", "_losses",
                          "_same")}
 _CROSS_ENTROPY, _LOG = F.cross_entropy, math.log
 

@@ -8,6 +8,9 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,6 +78,23 @@ def test_the_evaluation_refuses_a_model_that_sees_the_next_byte(work, tmp_path):
     assert "not causal" in json.loads(result.read_text())["refused"]
 
 
+@pytest.mark.parametrize("cheat", ["a model that looks ahead except at one position",
+                                   "a model that reads the next row's first byte", "a model that counts its calls"])
+def test_the_evaluation_refuses_a_model_that_hides_its_look_ahead(work, tmp_path, cheat):
+    """Models that pass a check at fixed places (one cut, rows compared within one call, the calls
+    after the scoring) but see bytes they predict when scored: refused, each with its reason."""
+    from cheats.conftest import CHEATS
+    CHEATS[cheat].step(SimpleNamespace(worktree=work))
+    out, data = tmp_path / "out", tmp_path / "data"
+    run(work, "prepare.py", "--export-train", HARNESS_OUTPUT_DIR=data)
+    trained = run(work, "train.py", HARNESS_MAX_STEPS=STEPS, HARNESS_DATA_DIR=data, HARNESS_OUTPUT_DIR=out)
+    assert trained.returncode == 0, trained.stderr
+    result = tmp_path / "result.json"
+    scored = evaluate(work, out, result)
+    assert scored.returncode != 0, scored.stdout
+    assert CHEATS[cheat].expect in json.loads(result.read_text())["refused"]
+
+
 def test_a_crafted_model_file_is_refused_without_running_it(work, tmp_path):
     out = tmp_path / "out"
     trained = run(work, "train.py", HARNESS_MAX_STEPS=1, HARNESS_OUTPUT_DIR=out)
@@ -128,3 +148,25 @@ def test_the_step_bounded_demo_is_reproducible_through_the_separate_evaluation(t
         ledgers.append([(r["status"], r["metric"], r["description"], r["sealed"]) for r in rows])
     assert ledgers[0] == ledgers[1]
     assert len(ledgers[0]) == 3 and all(sealed == "yes" for *_, sealed in ledgers[0])
+
+
+def probe(forward, seq_len: int = 64, batch_size: int = 8) -> tuple[float, bool]:
+    """prepare.score in this process, on the bundled validation bytes: (bits per byte, causal)."""
+    import torch
+    sys.path.insert(0, str(ROOT))
+    import prepare
+    return prepare.score(forward, prepare.load_split("val", torch.device("cpu")), seq_len, batch_size, "cpu")
+
+
+def test_the_probe_passes_a_causal_model_and_finds_a_look_ahead_under_its_tolerance():
+    import torch
+    import torch.nn.functional as F
+    table = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
+    bigram = lambda idx: table[idx]  # noqa: E731 - predicts from the current byte alone
+    bpb, causal = probe(bigram)
+    assert causal and 7.0 < bpb < 12.0
+    # 8e-5 of a logit towards the byte that comes next moves each loss less than the 1e-4 nats one
+    # prediction may move, but every cut shows it: refused on the average
+    nudged = lambda idx: table[idx] + 8e-5 * F.one_hot(torch.roll(idx, -1, 1), 256)  # noqa: E731
+    assert probe(nudged)[1] is False
+    assert probe(bigram, batch_size=1)[1]  # one row per call: nothing to fill, still causal
