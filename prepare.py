@@ -226,15 +226,16 @@ def score(forward, val, seq_len: int, batch_size: int, device) -> tuple[float, b
     one function serves evaluate_bpb (in-process) and the harness's separate evaluation.
 
     Every call starts from one random seed, drawn for this evaluation and kept secret, so a
-    model's random numbers are the same in every call and cannot count them; the global random
-    state is restored afterwards."""
+    model's random numbers are the same in every call and cannot count them; the probe's plan
+    comes from another secret seed, so they tell nothing of it either. The global random state is
+    restored afterwards."""
     device = torch.device(device)
     n = min(EVAL_BYTES[device.type], len(val) - 1)  # the same bytes are scored whatever seq_len is
     starts = list(range(0, n, seq_len))
-    secret = int.from_bytes(os.urandom(8), "little")
+    calls_seed, plan_seed = (int.from_bytes(os.urandom(8), "little") for _ in range(2))
 
     def call(x):
-        torch.manual_seed(secret)
+        torch.manual_seed(calls_seed)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             return forward(x)
 
@@ -251,7 +252,7 @@ def score(forward, val, seq_len: int, batch_size: int, device) -> tuple[float, b
             total_nats += nll[:len(group)][positions[None, :seq_len] < lengths[i:i + len(group), None]].sum().item()
             scored[i:i + len(group)] = nll[:len(group)]
         bpb = total_nats / n / math.log(2)
-        causal = _is_causal(call, val, starts, lengths, scored, batch_size, secret)
+        causal = _is_causal(call, val, starts, lengths, scored, batch_size, plan_seed)
     return bpb, causal
 
 
@@ -276,9 +277,9 @@ PROBE_ROUNDS = 2
 NLL_TOLERANCE = {"cpu": 1e-4, "cuda": 1e-2}  # nats one prediction's loss may move (bf16 on GPUs)
 
 
-def _is_causal(call, val, starts, lengths, scored, batch_size: int, secret: int) -> bool:
+def _is_causal(call, val, starts, lengths, scored, batch_size: int, plan_seed: int) -> bool:
     seq_len, device = scored.shape[1], scored.device
-    gen = torch.Generator().manual_seed(secret)
+    gen = torch.Generator().manual_seed(plan_seed)
     n_windows = len(starts)
     rounds = max(PROBE_ROUNDS, -(-PROBE_ROWS // n_windows))
     positions = torch.arange(seq_len + 1, device=device)
@@ -449,16 +450,17 @@ def save_model(model, seq_len: int, batch_size: int) -> Path | None:
     return folder
 
 
-UNINITIALISED = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted")
 
 
 def _keeps_state(target: str) -> bool:
     """Does the ATen operator `torch.ops.aten.NAME.OVERLOAD` mutate an argument (a buffer, kept
-    between calls) or hand back memory as an earlier call left it? Unknown ones count as such."""
+    between calls) or hand back memory as an earlier call left it (empty*, resize)? An operator
+    this torch does not know counts as such."""
     name, _, overload = target[len(OPERATOR_OK[0]):].partition(".")
     op = getattr(getattr(torch.ops.aten, name, None), overload or "default", None)
     schema = getattr(op, "_schema", None)
-    return schema is None or schema.is_mutable or name in UNINITIALISED
+    uninitialised = "empty" in name or name.lstrip("_").startswith("resize")  # empty*, new_empty*, resize
+    return schema is None or schema.is_mutable or uninitialised
 
 
 def check_program(program: dict) -> list:

@@ -170,3 +170,41 @@ def test_the_probe_passes_a_causal_model_and_finds_a_look_ahead_under_its_tolera
     nudged = lambda idx: table[idx] + 8e-5 * F.one_hot(torch.roll(idx, -1, 1), 256)  # noqa: E731
     assert probe(nudged)[1] is False
     assert probe(bigram, batch_size=1)[1]  # one row per call: nothing to fill, still causal
+
+
+def test_the_models_random_numbers_tell_nothing_of_the_probes_plan():
+    """A model that draws the evaluation's random numbers to rebuild where the probe will cut, and
+    looks ahead everywhere else: the plan has a secret seed of its own, so it is caught."""
+    import torch
+    import torch.nn.functional as F
+    sys.path.insert(0, str(ROOT))
+    import prepare
+    seq_len, batch_size = 1024, 2
+    n_windows = prepare.EVAL_BYTES["cpu"] // seq_len
+    val_len = len(prepare.load_split("val", torch.device("cpu")))
+    table = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
+    rebuilt: dict[bytes, torch.Tensor] = {}
+
+    def plan_from(state: torch.Tensor) -> torch.Tensor:
+        """prepare._is_causal's draws, from a generator in this state: the positions before its cuts."""
+        gen, cut_at = torch.Generator(), torch.zeros(seq_len, dtype=torch.bool)
+        gen.set_state(state)
+        for _ in range(max(prepare.PROBE_ROUNDS, -(-prepare.PROBE_ROWS // n_windows))):
+            torch.randperm(n_windows, generator=gen)
+            cut_at[torch.randint(1, seq_len + 1, (n_windows,), generator=gen) - 1] = True
+            for _ in range(0, n_windows, batch_size):
+                torch.randint(0, max(1, val_len - seq_len - 1), (batch_size,), generator=gen)
+        return cut_at
+
+    def forward(idx):
+        state = torch.get_rng_state()  # as every call starts: seeded by the evaluation
+        key = bytes(state.numpy())
+        if key not in rebuilt:
+            rebuilt[key] = plan_from(state)
+        look = ~rebuilt[key]
+        look[-1] = False
+        return table[idx] + 30.0 * F.one_hot(torch.roll(idx, -1, 1), 256) * look[None, :, None]
+
+    bpb, causal = probe(forward, seq_len, batch_size)
+    assert rebuilt and bpb < 6.0  # it did look ahead when scored
+    assert causal is False
