@@ -198,7 +198,9 @@ def test_overnight_in_tmux_then_kill_session_leaves_nothing_and_resume_continues
             raise AssertionError(f"{e}; the run's pane:\n{panes[0]}\nthe status pane:\n{panes[1]}") from None
     finally:
         subprocess.run(["tmux", "kill-session", "-t", "harness-tm"], env=env, capture_output=True, timeout=30)
-    wait_for(lambda: run_processes(run_dir) == [], timeout_s=60, what="the run to stop after kill-session")
+    # the supervisor itself (not in the run folder) still holds the run while it cleans up
+    wait_for(lambda: run_processes(run_dir) == [] and not driven(run_dir), timeout_s=60,
+             what="the run to stop after kill-session")
     subprocess.run(["tmux", "kill-server"], env=env, capture_output=True, timeout=30)
     # The pane's SIGHUP goes to the terminal's whole process group, the clean-up's git included:
     # the slot's worktree is still removed (driver.quiet).
