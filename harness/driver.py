@@ -173,6 +173,7 @@ class RunDriver:
         self.proposals: list[threading.Thread] = []
         self.open: set[int] = set()
         self.issued = 0
+        self.unused: list[int] = []  # numbers below `issued` with no row: proposals a stop dropped
         self.turns: Turns | None = None
         self.turn_index = 0
         self.monitor: health.Monitor | None = None
@@ -240,7 +241,11 @@ class RunDriver:
             runs.train_waiting(self.ctx, self.state, self.progress)
         with self.lock:
             self.issued = max(self.issued, self.state.iteration)
-            self.policy.resync(stops.ledger_rows(self.cfg))
+            rows = stops.ledger_rows(self.cfg)
+            if not self.fresh:  # handed out again first, so the ledger's numbers have no gap
+                used = {r.get("iteration") or 0 for r in rows} | self.open
+                self.unused = [n for n in range(1, max(used, default=0)) if n not in used]
+            self.policy.resync(rows)
             self.policy.proposed += len(self.open)  # proposals made while the baseline trained
         self.monitor = health.Monitor(replace(self.ctx, researcher=self.researcher), self.state, self.progress,
                                       self.events_from, lock=self.lock)
@@ -311,9 +316,13 @@ class RunDriver:
                                                   self.researcher.name)])
                 return None
             self.policy.take()
-            self.issued += 1
-            self.open.add(self.issued)
-            return self.issued
+            if self.unused:
+                n = self.unused.pop(0)
+            else:
+                self.issued += 1
+                n = self.issued
+            self.open.add(n)
+            return n
 
     def extra_number(self) -> int:
         """A number for a re-evaluation: it finishes a candidate, so no cap stops it."""

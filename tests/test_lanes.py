@@ -109,3 +109,41 @@ def test_cli_run_with_lanes_and_pipeline(repo: Path):
     assert {r["lane"] for r in rows[1:] if r["status"] != "repeat"} <= {0, 1}
     assert len([r for r in rows if r["status"] != "repeat"]) >= 5
     assert (cfg.run_dir / "lanes" / "1b").is_dir()
+
+
+class DroppedAtTheStop:
+    """Lane 0's proposal (iteration 1) is still thinking when Ctrl-C comes, while iteration 2 trains."""
+    name, model = "dropped", None
+
+    def __init__(self, stop: bool):
+        self.stop = stop  # False: the resumed session, plain edits
+
+    def describe(self):
+        return {"backend": "dropped"}
+
+    def propose(self, task):
+        import os
+        import signal
+        import time
+        train = task.worktree / "train.py"
+        if self.stop and task.iteration == 1:
+            time.sleep(2.5)  # past the Ctrl-C: a stop commits no proposal
+        elif self.stop and task.iteration == 2:
+            threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+            train.write_text(set_globals(train.read_text(), SLEEP_S=5.0))
+        train.write_text(set_globals(train.read_text(), VALUE=2.0 + task.iteration / 10))
+        return Proposal(f"iteration {task.iteration}")
+
+
+def test_a_number_a_stop_dropped_is_handed_out_again_on_resume(tmp_path: Path):
+    """Iteration 1 was dropped at the stop, iteration 2 was training: after --resume the ledger's
+    numbers are 1..N, each once, with no gap where the dropped proposal was."""
+    repo = make_repo(tmp_path / "r", KNOBS_TRAIN)
+    cfg = resolve(repo, "gap", {"baseline_runs": 1, "gate": "strict", "iterations": 3, "gpus": ("0", "1"),
+                                "pipeline": False, "time_budget": 20})
+    summary = driver.run(cfg, researcher=DroppedAtTheStop(stop=True))
+    assert "interrupted" in summary.stopped
+    assert [r["iteration"] for r in ledger.read_rows(cfg.ledger_path)] == [0]  # 1 dropped, 2 journaled
+    driver.run(cfg, resume=True, researcher=DroppedAtTheStop(stop=False))
+    rows = ledger.read_rows(cfg.ledger_path)
+    assert sorted(r["iteration"] for r in rows) == [0, 1, 2, 3], rows
