@@ -290,24 +290,22 @@ def _is_causal(call, val, starts, lengths, scored, batch_size: int, plan_seed: i
         cuts = torch.randint(1, seq_len + 1, (n_windows,), generator=gen)
         for i in range(0, n_windows, batch_size):
             w = order[i:i + batch_size]
-            fill = batch_size - len(w)  # rows of text from random offsets: distinct windows in every call
-            offsets = torch.randint(0, max(1, len(val) - seq_len - 1), (len(w) + fill,), generator=gen)
-            starts_w = torch.tensor([starts[k] for k in w.tolist()], dtype=torch.long)
-            original = _windows(val, starts_w.to(device), positions)
+            k = len(w)  # probed rows; the rest of the call is text from random offsets (unscored)
+            offsets = torch.randint(0, max(1, len(val) - seq_len - 1), (batch_size,), generator=gen)
+            original = _windows(val, torch.tensor([starts[j] for j in w.tolist()], device=device), positions)
             elsewhere = _windows(val, offsets.to(device), positions)
-            cut = cuts[w].to(device)
-            later = positions[None, :] >= cut[:, None]
-            probe = torch.where(later, elsewhere[:len(w)], original)
+            w, cut = w.to(device), cuts[w].to(device)
+            probe = torch.where(positions[None, :] >= cut[:, None], elsewhere[:k], original)
             same = (probe == original) & (positions[None, :] == cut[:, None])  # the first replaced byte must differ
             probe = torch.where(same, (original + 1) % VOCAB_SIZE, probe)
-            x = torch.cat([probe[:, :-1], elsewhere[len(w):, :-1]])
-            loss = _losses(call(x), torch.cat([original[:, 1:], elsewhere[len(w):, 1:]]))[:len(w)]
-            keep = positions[None, :seq_len] < torch.minimum(cut, lengths[w.to(device)])[:, None]
-            diff = (loss - scored[w.to(device)])[keep]
-            if diff.numel():
-                moved = max(moved, diff.abs().max().item())
-            last = (cut <= lengths[w.to(device)])
-            at_cut += (loss - scored[w.to(device)])[last, (cut - 1)[last]].tolist()
+            x = torch.cat([probe[:, :-1], elsewhere[k:, :-1]])
+            loss = _losses(call(x), torch.cat([original[:, 1:], elsewhere[k:, 1:]]))[:k]
+            shift = loss - scored[w]  # how far each prediction moved from when it was scored
+            before_cut = positions[None, :seq_len] < torch.minimum(cut, lengths[w])[:, None]
+            if before_cut.any():
+                moved = max(moved, shift[before_cut].abs().max().item())
+            scored_cut = cut <= lengths[w]
+            at_cut += shift[scored_cut, (cut - 1)[scored_cut]].tolist()
     if moved > tolerance:
         return False
     # a small look ahead, under the tolerance, still shows as a loss that rises at the cut on average
