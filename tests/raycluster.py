@@ -150,12 +150,14 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def processes_under(folder: Path) -> list[int]:
-    """Processes whose working directory is inside folder (a training job left behind)."""
+def processes_under(folder: Path, running: str = "") -> list[int]:
+    """Processes whose working directory is inside folder (a training job left behind); with
+    running, only those whose command line has it (the job itself, not the git of its unpacking)."""
     out = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and str(folder) in os.readlink(entry / "cwd"):
+            if (entry.name.isdigit() and str(folder) in os.readlink(entry / "cwd")
+                    and running.encode() in (entry / "cmdline").read_bytes()):
                 out.append(int(entry.name))
         except OSError:
             continue

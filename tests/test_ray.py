@@ -204,7 +204,7 @@ def test_killed_supervisor_leaves_no_task_after_resume(tmp_path: Path, cluster):
                              start_new_session=True)
     run_dir = repo / "runs" / "r"
     worker = wait_for(lambda: task_pid(run_dir / "ray-tasks"))
-    orphans = wait_for(lambda: processes_under(cluster["work"]))
+    orphans = wait_for(lambda: processes_under(cluster["work"], running="train.py"))  # held, not unpacking
     # The supervisor and the Ray worker die at once (a killed worker cannot stop its job itself;
     # a worker that Ray stops because its driver died does: both are covered).
     os.killpg(first.pid, signal.SIGKILL)
