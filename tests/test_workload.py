@@ -84,7 +84,9 @@ def test_time_budget_run_reports_a_full_block(work):
     # near the budget, over it by at most the last step. Wide bounds: on a busy machine one step
     # can take seconds (a neighbour's burst once made it 13.5 s of a 10 s budget).
     assert budget * 0.5 <= float(figures["training_seconds"]) < budget * 2
-    assert wall_s < 2 * budget + 15  # imports and evaluation on top of the budget
+    # Imports, warm-up and the evaluation come on top, and a loaded machine stretches them (40 s
+    # once); a run that ignored this budget would train for the default 300 s.
+    assert wall_s < 2 * budget + 120
 
 
 def test_diverging_learning_rate_prints_fail(work):
