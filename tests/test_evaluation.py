@@ -1,5 +1,9 @@
 """The bundled workload's separate evaluation, for real: train.py step-bounded on the CPU saves its
-model, and `prepare.py --evaluate` in another process scores it on bytes the job never had."""
+model, and `prepare.py --evaluate` in another process scores it on bytes the job never had.
+
+The models that look ahead (plainly, or where a fixed check would not look) are cheats in
+tests/cheats/, refused through the whole harness with the evaluation's reason; the demo's
+reproducibility through this evaluation is tests/test_cli.py's demo-path test."""
 from __future__ import annotations
 
 import json
@@ -8,9 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
-import pytest
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,37 +66,6 @@ def test_the_training_job_gets_the_training_split_alone(work, tmp_path):
     assert tried.returncode != 0 and "validation bytes are not available to the training job" in tried.stderr
 
 
-def test_the_evaluation_refuses_a_model_that_sees_the_next_byte(work, tmp_path):
-    source = (work / "train.py").read_text()
-    (work / "train.py").write_text(source.replace("is_causal=True", "is_causal=False"))
-    out = tmp_path / "out"
-    data = tmp_path / "data"
-    run(work, "prepare.py", "--export-train", data)
-    trained = run(work, "train.py", HARNESS_MAX_STEPS=STEPS, HARNESS_DATA_DIR=data, HARNESS_OUTPUT_DIR=out)
-    assert trained.returncode == 0, trained.stderr
-    result = tmp_path / "result.json"
-    scored = evaluate(work, out, result)
-    assert scored.returncode != 0
-    assert "not causal" in json.loads(result.read_text())["refused"]
-
-
-@pytest.mark.parametrize("cheat", ["a model that looks ahead except at one position",
-                                   "a model that reads the next row's first byte", "a model that counts its calls"])
-def test_the_evaluation_refuses_a_model_that_hides_its_look_ahead(work, tmp_path, cheat):
-    """Models that pass a check at fixed places (one cut, rows compared within one call, the calls
-    after the scoring) but see bytes they predict when scored: refused, each with its reason."""
-    from cheats.conftest import CHEATS
-    CHEATS[cheat].step(SimpleNamespace(worktree=work))
-    out, data = tmp_path / "out", tmp_path / "data"
-    run(work, "prepare.py", "--export-train", HARNESS_OUTPUT_DIR=data)
-    trained = run(work, "train.py", HARNESS_MAX_STEPS=STEPS, HARNESS_DATA_DIR=data, HARNESS_OUTPUT_DIR=out)
-    assert trained.returncode == 0, trained.stderr
-    result = tmp_path / "result.json"
-    scored = evaluate(work, out, result)
-    assert scored.returncode != 0, scored.stdout
-    assert CHEATS[cheat].expect in json.loads(result.read_text())["refused"]
-
-
 def test_a_crafted_model_file_is_refused_without_running_it(work, tmp_path):
     out = tmp_path / "out"
     trained = run(work, "train.py", HARNESS_MAX_STEPS=1, HARNESS_OUTPUT_DIR=out)
@@ -127,27 +98,6 @@ def test_a_crafted_model_file_is_refused_without_running_it(work, tmp_path):
     shutil.rmtree(out / "model")
     scored = evaluate(work, out, tmp_path / "none.json")
     assert "saved no model" in json.loads((tmp_path / "none.json").read_text())["refused"]
-
-
-def test_the_step_bounded_demo_is_reproducible_through_the_separate_evaluation(tmp_path, monkeypatch):
-    """scripts/demo.sh's path (the mutate researcher, step-bounded), twice from scratch: same ledger."""
-    from click.testing import CliRunner
-
-    from harness import ledger
-    from harness.cli import main
-    from harness.initrepo import init_example
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    ledgers = []
-    for k in range(2):
-        repo = init_example(tmp_path / f"demo{k}")
-        result = CliRunner().invoke(main, ["run", "--repo", str(repo), "--agent", "mutate", "--iterations", "2",
-                                           "--max-steps", "5", "--baseline-runs", "1", "--tag", "demo"],
-                                    catch_exceptions=False)
-        assert result.exit_code == 0, result.output
-        rows = ledger.read_rows(repo / "runs" / "demo" / "results.tsv")
-        ledgers.append([(r["status"], r["metric"], r["description"], r["sealed"]) for r in rows])
-    assert ledgers[0] == ledgers[1]
-    assert len(ledgers[0]) == 3 and all(sealed == "yes" for *_, sealed in ledgers[0])
 
 
 def probe(forward, seq_len: int = 64, batch_size: int = 8) -> tuple[float, bool]:

@@ -193,9 +193,10 @@ def test_prepare_data_then_train_on_it(work, tmp_path, kind):
     assert train + val == expected and len(val) == len(expected) // 10
     assert json.loads((folder / "meta.json").read_text())["val_sha256"] == hashlib.sha256(val).hexdigest()
 
-    proc = run(work, "train.py", HARNESS_MAX_STEPS=3, HARNESS_DATASET="mine")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert float(block(proc.stdout)["val_bpb"]) < 9.0
+    if kind == "parquet":  # the three kinds make the same files: one training on them is enough
+        proc = run(work, "train.py", HARNESS_MAX_STEPS=3, HARNESS_DATASET="mine")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert float(block(proc.stdout)["val_bpb"]) < 9.0
 
 
 def test_unprepared_dataset_says_how_to_prepare_it(work):
