@@ -159,7 +159,8 @@ def test_a_node_joins_then_is_lost_mid_job(tmp_path: Path, cluster):
     on another node, its lanes are dropped, and the night goes on."""
     jobs, hold = tmp_path / "jobs.txt", tmp_path / "hold"  # hold: jobs wait until the lanes were dropped
     repo = make_repo(tmp_path / "research", trainer(jobs, hold_s=2.0, flag=hold), kill_after=120)
-    night = start_night(repo, cluster, "grow", "--iterations", "14")
+    # 20: enough left, however far the two lanes got while c joined, for a held job on each node
+    night = start_night(repo, cluster, "grow", "--iterations", "20")
     run_dir = repo / "runs" / "grow"
     try:
         wait_for(lambda: len(records(run_dir / "ray-tasks")) == 2, RUN_TIMEOUT_S)  # two lanes busy
@@ -181,7 +182,7 @@ def test_a_node_joins_then_is_lost_mid_job(tmp_path: Path, cluster):
     lanes = [e["message"] for e in events_of(run_dir, "lanes")]
     assert lanes[0].startswith("3 lane(s), was 2") and any(m.startswith("2 lane(s), was 3") for m in lanes), lanes
     rows = ledger.read_rows(run_dir / "results.tsv")
-    assert sorted(r["iteration"] for r in rows) == list(range(15))  # every experiment once
+    assert sorted(r["iteration"] for r in rows) == list(range(21))  # every experiment once
     lost = next(r for r in rows if r["log"].endswith(on_c[0]["job"] + ".log"))
     assert lost["status"] in ("keep", "discard") and lost["node"] != on_c[0]["node"]  # the retry's result
     infra = events_of(run_dir, "infrastructure")
