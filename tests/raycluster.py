@@ -150,6 +150,19 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
+def kill_driver_and_workers(supervisor: subprocess.Popen, workers: list[int]) -> None:
+    """The supervisor (the Ray driver) and its tasks' workers SIGKILLed together, as when the
+    supervisor's machine and the workers die at once, so that their jobs are orphans. The workers
+    are stopped first: otherwise Ray may stop a worker itself when its driver dies, and such a
+    worker stops its job (the other case the harness covers) before the test's SIGKILL lands."""
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)
+    os.killpg(supervisor.pid, signal.SIGKILL)
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    supervisor.wait(timeout=30)
+
+
 def processes_under(folder: Path, running: str = "") -> list[int]:
     """Processes whose working directory is inside folder (a training job left behind); with
     running, only those whose command line has it (the job itself, not the git of its unpacking)."""

@@ -25,7 +25,7 @@ from harness import ledger, supervise  # noqa: E402
 from harness.cli import main  # noqa: E402
 
 from conftest import ROOT, git, make_repo, set_globals, FAKE_TRAIN  # noqa: E402
-from raycluster import LocalCluster, free_port, processes_under, wait_for  # noqa: E402
+from raycluster import LocalCluster, free_port, kill_driver_and_workers, processes_under, wait_for  # noqa: E402
 
 CPU_JOB = '{"CPU": 1}'
 
@@ -205,13 +205,9 @@ def test_killed_supervisor_leaves_no_task_after_resume(tmp_path: Path, cluster):
     run_dir = repo / "runs" / "r"
     worker = wait_for(lambda: task_pid(run_dir / "ray-tasks"))
     orphans = wait_for(lambda: processes_under(cluster["work"], running="train.py"))  # held, not unpacking
-    # The supervisor and the Ray worker die at once (a killed worker cannot stop its job itself;
-    # a worker that Ray stops because its driver died does: both are covered).
-    os.killpg(first.pid, signal.SIGKILL)
-    os.kill(worker, signal.SIGKILL)
-    first.wait(timeout=30)
+    kill_driver_and_workers(first, [worker])
     time.sleep(1.0)
-    assert any(supervise.alive(p) for p in orphans)  # the job outlived its supervisor
+    assert all(supervise.alive(p) for p in orphans)  # the job outlived its supervisor
     assert list((run_dir / "ray-tasks").glob("*.json"))  # and its task is on record
     second = subprocess.Popen([*argv, "--resume"], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, start_new_session=True)

@@ -25,7 +25,7 @@ from harness import ledger, supervise  # noqa: E402
 from harness.cli import main  # noqa: E402
 
 from conftest import ROOT, FAKE_TRAIN, git, make_repo  # noqa: E402
-from raycluster import LocalCluster, processes_under, wait_for  # noqa: E402
+from raycluster import LocalCluster, kill_driver_and_workers, processes_under, wait_for  # noqa: E402
 
 RUN_TIMEOUT_S = int(os.environ.get("RAY_TEST_TIMEOUT_S", 300))  # a whole night of sleep jobs on a loaded 2-core machine: wide
 
@@ -231,13 +231,9 @@ def test_killed_supervisor_with_tasks_on_both_nodes(tmp_path: Path, cluster):
                              f"; stderr: {first.stderr.read().decode()[-3000:]}") from None
     orphans = wait_for(lambda: (lambda ps: ps if len(ps) >= 2 else None)(
         [p for n in cluster.nodes[:2] for p in processes_under(n.work / "jobs", running="train.py")]))
-    os.killpg(first.pid, signal.SIGKILL)  # the supervisor and both Ray workers die at once
-    for r in running:
-        os.kill(r["pid"], signal.SIGKILL)
-    first.wait(timeout=30)
+    kill_driver_and_workers(first, [r["pid"] for r in running])
     time.sleep(1.0)
-    # The jobs usually outlive their supervisor and workers (the raylet may reap some of them
-    # itself, sooner on a busy machine); whatever is left, --resume must stop before training.
+    assert all(supervise.alive(p) for p in orphans)  # both jobs outlived their supervisor
     second = start_night(repo, cluster, "r", "--iterations", "2", "--resume")
     try:
         wait_for(lambda: events_of(run_dir, "ray_tasks_cancelled"), RUN_TIMEOUT_S)
