@@ -170,7 +170,7 @@ def processes_under(folder: Path, running: str = "") -> list[int]:
     for entry in Path("/proc").iterdir():
         try:
             if (entry.name.isdigit() and str(folder) in os.readlink(entry / "cwd")
-                    and running.encode() in (entry / "cmdline").read_bytes()):
+                    and running.encode() in _cmdline(int(entry.name))):
                 out.append(int(entry.name))
         except OSError:
             continue

@@ -13,8 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
-
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 3
 

@@ -44,7 +44,8 @@ def cluster(tmp_path_factory):
 
 def trainer(jobs: Path, hold_s: float = 0.0, flag: Path | None = None) -> str:
     """The sleep trainer, holding each job hold_s seconds (or while flag exists, the baseline
-    excepted, marking itself held) and appending `start end cwd CUDA_VISIBLE_DEVICES iteration` to jobs at its end."""
+    excepted, marking itself held) and appending `start end cwd CUDA_VISIBLE_DEVICES iteration`
+    to jobs at its end."""
     prelude = (
         "import atexit as _ax, os as _os, time as _time\n"
         "_t0 = _time.time()\n"
