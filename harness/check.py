@@ -161,7 +161,8 @@ def sandbox_line(cfg: RunConfig) -> str:
     choice = sandbox.resolve(cfg.sandbox)
     if choice.on:
         net = "network allowed" if cfg.network else "no network"
-        return f"bwrap (own PID namespace, read-only filesystem but the worktree, run folder hidden, {net})"
+        return (f"bwrap ({sandbox.caps_line(sandbox.capabilities(cfg.sandbox))}; own PID namespace; sees the "
+                f"system runtime, its interpreter, its worktree and data, nothing else; {net})")
     return f"off ({'--sandbox off' if choice.setting == 'off' else choice.warning})"
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .executors import sandbox
 from . import events, figures, ledger, spend
 from .errors import HarnessError
 from .report_diff import changed_names
@@ -90,6 +91,8 @@ def load_arm(label: str, path: Path, setup: dict[str, Any] | None = None) -> Arm
     arm.model = (setup.get("model") or manifest.get("model")
                  or (researched[0].get("model") if researched else None) or None)
     arm.sandbox = manifest.get("sandbox")
+    if arm.sandbox == "bwrap" and manifest.get("sandbox_caps"):  # what the job held, read inside it
+        arm.sandbox = f"bwrap ({sandbox.caps_line(manifest['sandbox_caps'])})"
     worktree = path.parent / "worktree"
     arm.git_dir = worktree if (worktree / ".git").exists() else _git_toplevel(path.parent)
     if not arm.editable and arm.git_dir is not None and (arm.git_dir / "train.py").exists():

@@ -114,6 +114,7 @@ def write_manifest(cfg: RunConfig, researcher: Researcher, base: str, program: s
         "researcher": researcher.describe(),
         "program_sha256": hashlib.sha256(program.encode()).hexdigest(),
         "sandbox": sandbox.resolve(cfg.sandbox).mode,  # issue 13: what runs the jobs (bwrap | off)
+        "sandbox_caps": sandbox.capabilities(cfg.sandbox),  # read inside the sandbox: CapEff 0 ... ({} = off)
     }
     write_json(cfg.run_dir / "run.json", manifest)
 

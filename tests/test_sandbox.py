@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness import events, ledger
-from harness.executors import sandbox
+from harness.executors import sandbox, view
 
 needs_bwrap = pytest.mark.skipif(not sandbox.probe(sandbox.bwrap_path()).works,
                                  reason="bubblewrap does not work on this machine (apt install bubblewrap)")
@@ -41,14 +42,18 @@ def run_job(space, code: str, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=60)
 
 
-def test_wrap_orders_mounts_so_the_worktree_inside_a_hidden_folder_stays_visible(space):
+def test_wrap_shows_an_allow_list_and_names_the_interpreter_by_its_path(space):
+    corpus = space["wt"] / "data.bin"
+    corpus.write_bytes(b"x")
     argv = sandbox.wrap(["python", "train.py"], worktree=space["wt"], tmp_dir=space["tmp"],
-                        output_dir=space["out"], hidden=[space["run_dir"]], readonly=[space["outside"]])
-    hide = argv.index("--tmpfs")
-    assert argv[hide + 1] == str(space["run_dir"])
-    assert argv.index("--bind", hide) > hide  # the worktree is bound after its folder is covered
+                        output_dir=space["out"], hidden=[space["run_dir"], corpus], readonly=[space["outside"]])
+    assert "/" not in [argv[i + 1] for i, a in enumerate(argv) if a in ("--bind", "--ro-bind")]  # never the disk
+    assert str(space["run_dir"]) not in argv  # hidden outside what is shown: simply not mounted
+    assert argv.index("--bind", argv.index(str(space["tmp"])) + 1) < argv.index(str(corpus))  # covered after
     assert argv[argv.index("--chdir") + 1] == str(space["wt"])
-    assert argv[-3:] == ["--", "python", "train.py"]
+    run = argv[argv.index("--") + 1:]
+    assert os.path.isabs(run[0]) and run[1:] == ["train.py"]  # the interpreter, resolved outside
+    assert argv[1:4] == ["--unshare-user", "--cap-drop", "ALL"]
     assert "--unshare-net" in argv and "--unshare-pid" in argv and "--die-with-parent" in argv
     assert "--unshare-net" not in sandbox.wrap(["true"], worktree=space["wt"], tmp_dir=space["tmp"], network=True)
     assert str(space["outside"]) not in argv  # read-only paths that do not exist are left out
@@ -183,6 +188,92 @@ def test_resolve_off_auto_and_a_machine_without_bwrap(monkeypatch, tmp_path):
         sandbox.reset_cache()
 
 
+def test_capabilities_are_read_from_a_status_text():
+    status = "Name:\tx\nUid:\t0\t0\t0\t0\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n" \
+             "CapBnd:\t000001fffeffffff\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\n"
+    caps = sandbox.read_caps(status)
+    assert caps["CapBnd"] == "000001fffeffffff" and caps["Uid"] == "0 0 0 0"
+    assert not sandbox.unprivileged(caps)  # a bounding set left: CAP_SYS_ADMIN could come back
+    assert sandbox.unprivileged({**caps, "CapBnd": "0" * 16})
+    assert sandbox.caps_line({**caps, "CapBnd": "0" * 16}) == "CapEff 0, CapBnd 0, uid 0"
+
+
+@needs_bwrap
+def test_the_job_holds_no_capability_as_root_and_as_a_user(space):
+    done = run_job(space, "print(open('/proc/self/status').read())\n")
+    assert done.returncode == 0, done.stderr
+    caps = sandbox.read_caps(done.stdout)
+    assert sandbox.unprivileged(caps) and caps["NoNewPrivs"] == "1", caps
+    user = next((u for u in ("nobody", "daemon") if shutil.which("setpriv")), None)
+    if os.geteuid() != 0 or user is None:
+        return
+    argv = [sandbox.bwrap_path(), *sandbox.isolation(), "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
+            "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev",
+            "--unshare-pid", "--", "/usr/bin/cat", "/proc/self/status"]
+    as_user = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", *argv],
+                             capture_output=True, text=True, timeout=60)
+    if as_user.returncode != 0 and "setting up uid map" in as_user.stderr:
+        pytest.skip(f"unprivileged user namespaces are off here: {as_user.stderr.strip()}")
+    assert as_user.returncode == 0, as_user.stderr
+    caps = sandbox.read_caps(as_user.stdout)
+    assert sandbox.unprivileged(caps) and caps["Uid"].split()[0] == "65534", caps
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a bwrap that keeps privileges needs root to show it")
+def test_a_bwrap_that_leaves_capabilities_is_refused(tmp_path, monkeypatch):
+    """A bwrap that ignores its flags (an old or broken build, a wrapper script): jobs would run with
+    root's capabilities, so --sandbox bwrap refuses and auto turns the sandbox off, loudly."""
+    fake = tmp_path / "bin" / "bwrap"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\nwhile [ "$1" != "--" ]; do shift; done\nshift\nexec "$@"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    sandbox.reset_cache()
+    try:
+        found = sandbox.probe(sandbox.bwrap_path())
+        assert not found.works and "kept capabilities" in found.detail and "CapEff 000001f" in found.detail
+        with pytest.raises(Exception, match="kept capabilities"):
+            sandbox.resolve("bwrap")
+        assert sandbox.resolve("auto").mode == "off" and sandbox.capabilities("auto") == {}
+    finally:
+        sandbox.reset_cache()
+
+
+def make_venv(where: Path) -> Path:
+    """A venv that sees this interpreter's packages (no pip: quick), the way users make one."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(where)],
+                   check=True, timeout=120)
+    return where / "bin" / "python"
+
+
+@needs_bwrap
+@pytest.mark.parametrize("place", ["tmp", "elsewhere"])
+def test_a_venv_under_tmp_or_elsewhere_is_the_interpreter_the_job_gets(space, tmp_path, place):
+    root = tmp_path if place == "tmp" else Path(tempfile.mkdtemp(prefix="harness-venv-", dir="/var/tmp"))
+    try:
+        python = make_venv(root / "venv")
+        (space["wt"] / "job.py").write_text("import sys, subprocess, json\n"
+                                            "print(json.dumps([sys.prefix, subprocess.run(['python', '-c', "
+                                            "'import sys; print(sys.prefix)'], capture_output=True, text=True)"
+                                            ".stdout.strip(), __import__('numpy').__name__]))\n")
+        argv = sandbox.wrap([str(python), "job.py"], worktree=space["wt"], tmp_dir=space["tmp"],
+                            hidden=[space["run_dir"]])
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        prefix, child_prefix, numpy = json.loads(done.stdout.strip().splitlines()[-1])
+        assert prefix == child_prefix == str(root / "venv") and numpy == "numpy"  # `python` inside is the venv's
+    finally:
+        if place != "tmp":
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_venv_that_is_gone_is_a_clear_error_not_another_interpreter(space, tmp_path):
+    with pytest.raises(view.ViewError, match="not found on PATH"):
+        view.interpreter([str(tmp_path / "gone" / "bin" / "python"), "train.py"])
+    with pytest.raises(view.ViewError, match="not found on PATH"):
+        view.interpreter(["no-such-python3.99", "train.py"], path_var=str(tmp_path))
+
+
 # ---------------------------------------------------------------------------
 # The harness with and without it (the fake trainer; tests/conftest.py)
 
@@ -213,15 +304,16 @@ def test_a_run_and_harness_check_under_the_sandbox(tmp_path):
     assert result.exit_code == 0, result.output
     manifest = json.loads((repo / "runs" / "s" / "run.json").read_text())
     assert manifest["sandbox"] == "bwrap" and manifest["config"]["sandbox"] == "bwrap"
+    assert manifest["sandbox_caps"]["CapEff"] == manifest["sandbox_caps"]["CapBnd"] == "0" * 16  # as root too
     rows = ledger.read_rows(repo / "runs" / "s" / "results.tsv")
     assert rows[0]["status"] == "keep" and len(rows) == 2
     assert rows[0]["sealed"] == "no"  # a foreign workload (no evaluate_command): the printed block, unsealed
     report = harness(["report", repo / "runs" / "s", "--out", tmp_path / "rep"])
     assert report.exit_code == 0, report.output
-    assert "| sandbox | bwrap |" in (tmp_path / "rep" / "report.md").read_text()
+    assert "| sandbox | bwrap (CapEff 0, CapBnd 0, uid " in (tmp_path / "rep" / "report.md").read_text()
     check = harness(["check", "--repo", repo, "--agent", "mutate"])
     assert check.exit_code == 0, check.output
-    assert "sandbox     bwrap (own PID namespace" in check.output
+    assert "sandbox     bwrap (CapEff 0, CapBnd 0, uid " in check.output
 
 
 def test_without_bwrap_auto_warns_loudly_and_still_runs(tmp_path, monkeypatch):

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import threading
 from dataclasses import dataclass, replace
@@ -30,7 +31,7 @@ from .. import events, guard, seal
 from ..config import RunConfig
 from ..gitgate import Worktree
 from ..runner import TrainResult, run_training, tail, training_env
-from . import budget, sandbox
+from . import budget, sandbox, view
 
 HARNESS_PACKAGE = Path(__file__).resolve().parent.parent
 DATA_CACHE = Path.home() / ".cache" / "autoresearch-harness"  # prepare.py's default HARNESS_CACHE_DIR
@@ -101,6 +102,18 @@ def wrapper(choice: sandbox.Choice, **kw) -> Callable[[list[str]], list[str]] | 
     return lambda argv: sandbox.wrap(argv, bwrap=bwrap, **kw)
 
 
+def unshowable(choice: sandbox.Choice, command: str) -> TrainResult | None:
+    """A crash that says what to fix when the sandbox cannot show the command's program (a venv
+    that is gone, a command not on PATH), before anything runs; None when it can."""
+    if not choice.on:
+        return None
+    try:
+        view.interpreter(shlex.split(command))
+    except (view.ViewError, ValueError) as e:
+        return TrainResult("crash", reason=f"the sandbox cannot run {command!r}: {e}")
+    return None
+
+
 def choose(cfg: RunConfig, where: Path) -> sandbox.Choice:
     choice = sandbox.resolve(cfg.sandbox)
     warning = sandbox.warn_once(choice)
@@ -145,6 +158,10 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
     if choice.on:
         extra.update(SANDBOX_ENV, HARNESS_RESULT_FILE=str(space.out / "result.json"))
     guard.before_training(cfg.run_dir, worktree, cfg.protected, result_file)
+    refused = unshowable(choice, cfg.train_command)
+    if refused is not None:
+        log_path.write_text(refused.reason + "\n")
+        return refused
     wrap = wrapper(choice, worktree=worktree, tmp_dir=space.tmp, output_dir=space.out, readonly=readonly,
                    hidden=hidden_paths(cfg, worktree, bool(cfg.train_data_command)), network=cfg.network)
     legacy_seal = not cfg.evaluate_command and seal.enabled(cfg.sealed, worktree, cfg.protected)
