@@ -252,16 +252,22 @@ def test_a_venv_under_tmp_or_elsewhere_is_the_interpreter_the_job_gets(space, tm
     root = tmp_path if place == "tmp" else Path(tempfile.mkdtemp(prefix="harness-venv-", dir="/var/tmp"))
     try:
         python = make_venv(root / "venv")
-        (space["wt"] / "job.py").write_text("import sys, subprocess, json\n"
+        site = next((root / "venv" / "lib").glob("python*/site-packages"))
+        wheel_copy = site / "harness" / "example" / "data" / "corpus.txt.xz"  # a wheel of the harness there
+        wheel_copy.parent.mkdir(parents=True)
+        wheel_copy.write_bytes(b"held-out bytes")
+        (space["wt"] / "job.py").write_text("import sys, subprocess, json, os\n"
+                                            f"copy = os.path.exists({str(wheel_copy)!r})\n"
                                             "print(json.dumps([sys.prefix, subprocess.run(['python', '-c', "
                                             "'import sys; print(sys.prefix)'], capture_output=True, text=True)"
-                                            ".stdout.strip(), __import__('numpy').__name__]))\n")
+                                            ".stdout.strip(), __import__('numpy').__name__, copy]))\n")
         argv = sandbox.wrap([str(python), "job.py"], worktree=space["wt"], tmp_dir=space["tmp"],
                             hidden=[space["run_dir"]])
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
-        prefix, child_prefix, numpy = json.loads(done.stdout.strip().splitlines()[-1])
+        prefix, child_prefix, numpy, copy = json.loads(done.stdout.strip().splitlines()[-1])
         assert prefix == child_prefix == str(root / "venv") and numpy == "numpy"  # `python` inside is the venv's
+        assert copy is False  # the bundled corpus of a harness wheel in the venv is covered
     finally:
         if place != "tmp":
             shutil.rmtree(root, ignore_errors=True)

@@ -88,7 +88,9 @@ def wrap(argv: list[str], *, worktree: Path, tmp_dir: Path, output_dir: Path | N
     for path in extra:
         out += ["--ro-bind", str(path), str(path)]
     visible = [*shown, *bound, *extra]
-    out += _cover([h for h in hidden if any(h == v or h.is_relative_to(v) for v in visible)])
+    hidden += [Path(p) for p in (*view.private_runtime_files(), *view.bundled_copies(run.roots))]
+    covered = [h for h in hidden if view.in_runtime(str(h)) or any(h == v or h.is_relative_to(v) for v in visible)]
+    out += _cover(list(dict.fromkeys(covered)))
     out += ["--remount-ro", "/"]  # bwrap's own root (the folders it made for the mounts) read-only too
     if run.bindir:  # `python` inside the job is the interpreter the job was started with
         out += ["--setenv", "PATH", f"{run.bindir}:{os.environ.get('PATH', '')}"]

@@ -55,6 +55,39 @@ def runtime_mounts() -> list[str]:
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def private_runtime_files(depth: int = 2) -> tuple[str, ...]:
+    """What others may not read under /etc (shadow, private keys): hidden, since a job started by root
+    keeps uid 0 in its namespace and so still passes the owner's permission check."""
+    out: list[str] = []
+
+    def walk(folder: str, level: int) -> None:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            return
+        for entry in entries:
+            try:
+                mode = entry.stat(follow_symlinks=False).st_mode
+            except OSError:
+                continue
+            if entry.is_symlink():
+                continue
+            if not mode & 0o004:
+                out.append(entry.path)
+            elif entry.is_dir() and level < depth:
+                walk(entry.path, level + 1)
+
+    walk("/etc", 1)
+    return tuple(out)
+
+
+def bundled_copies(roots: tuple[str, ...]) -> list[str]:
+    """A harness installed as a wheel carries the bundled corpus (harness/example/data): any such
+    copy inside a shown import path entry is hidden, whichever harness it belongs to."""
+    return [str(Path(r) / "harness" / "example") for r in roots if (Path(r) / "harness" / "example").is_dir()]
+
+
 def library_paths() -> list[str]:
     """LD_LIBRARY_PATH's folders (CUDA in containers often lives there, under /usr/local or /opt)."""
     return [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p and os.path.isabs(p)
