@@ -24,7 +24,7 @@ from . import __version__, decide, events, figures, ledger, ledgerguard, pricing
 from .agents import Researcher, make_researcher, routing_mismatch
 from .config import RunConfig, compare_resume, refusal_message
 from .errors import RepoError
-from .executors import sandbox
+from .executors import sandbox, uvenv
 from .gitgate import GitGate, sha256_file
 from .ledger import Row
 from .step import (INTERRUPTED, Candidate, Context, RunState, conflict_row, judge_candidate, memory_gb,
@@ -104,7 +104,8 @@ def device_name() -> str:
 
 
 def write_manifest(cfg: RunConfig, researcher: Researcher, base: str, program: str) -> None:
-    training = trainenv.versions(cfg.train_command, cfg.worktree)  # the job's interpreter, not ours
+    uv_env = uvenv.venv_path(cfg.run_dir, cfg.worktree) if uvenv.is_uv(cfg.train_command) else None
+    training = trainenv.versions(cfg.train_command, cfg.worktree, uv_env)  # the job's interpreter, not ours
     manifest = {
         "harness_version": __version__, "tag": cfg.tag, "branch": cfg.branch,
         "baseline_commit": base, "created_at": now_iso(), "config": cfg.to_json(),

@@ -50,13 +50,17 @@ def probe_argv(train_command: str) -> list[str] | None:
     return None
 
 
-def versions(train_command: str, cwd: Path) -> dict[str, Any]:
-    """{'python': ..., 'torch': ..., 'numpy': ...} of the training interpreter, or the reason it is unknown."""
+def versions(train_command: str, cwd: Path, uv_env: Path | None = None) -> dict[str, Any]:
+    """{'python': ..., 'torch': ..., 'numpy': ...} of the training interpreter, or the reason it is unknown.
+
+    uv_env: for `uv run`, the run's own project environment (executors/uvenv.py), so that asking does
+    not make a .venv in the worktree."""
     argv = probe_argv(train_command)
     if argv is None:
         return {"unknown": f"cannot tell the interpreter of train_command {train_command!r}"}
+    extra = {"UV_PROJECT_ENVIRONMENT": str(uv_env)} if uv_env is not None else {}
     try:
-        out = subprocess.run(argv, cwd=cwd, env=training_env(dict(os.environ), {}), capture_output=True,
+        out = subprocess.run(argv, cwd=cwd, env=training_env(dict(os.environ), extra), capture_output=True,
                              text=True, timeout=PROBE_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as e:
         return {"unknown": f"{type(e).__name__}: {e}"[:300]}

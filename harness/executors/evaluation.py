@@ -31,7 +31,7 @@ from .. import events, guard, seal
 from ..config import RunConfig
 from ..gitgate import Worktree
 from ..runner import TrainResult, run_training, tail, training_env
-from . import budget, sandbox, view
+from . import budget, sandbox, uvenv, view
 
 HARNESS_PACKAGE = Path(__file__).resolve().parent.parent
 DATA_CACHE = Path.home() / ".cache" / "autoresearch-harness"  # prepare.py's default HARNESS_CACHE_DIR
@@ -155,6 +155,14 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
             return data_dir
         extra["HARNESS_DATA_DIR"] = str(data_dir)
         readonly.append(data_dir)
+    if uvenv.is_uv(cfg.train_command):  # `uv run`: the run's environment, built once, read-only
+        uv = uvenv.prepare(cfg.setup_command, worktree, where, lambda **kw: wrapper(choice, worktree=worktree, **kw),
+                           harness_env({}), cfg.setup_timeout, cancel)
+        if isinstance(uv, TrainResult):
+            log_path.write_text(uv.reason + "\n")
+            return uv
+        extra.update(uv.env, UV_CACHE_DIR="/tmp/.uv-cache" if choice.on else str(space.tmp / ".uv-cache"))
+        readonly += list(uv.readonly)
     if choice.on:
         extra.update(SANDBOX_ENV, HARNESS_RESULT_FILE=str(space.out / "result.json"))
     guard.before_training(cfg.run_dir, worktree, cfg.protected, result_file)

@@ -42,6 +42,7 @@ APPARMOR_SYSCTL = "/proc/sys/kernel/apparmor_restrict_unprivileged_userns"  # Ub
 GPU_DEVICE_GLOBS = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/dri")
 NO_PRIVILEGE = ["--unshare-user", "--cap-drop", "ALL"]  # every capability dropped, root or not
 NO_USERNS = ["--disable-userns"]  # bwrap >= 0.8: no nested user namespace to regain capabilities in
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"  # the probe's `cat`, whatever the caller's PATH
 CAP_FIELDS = ("CapEff", "CapPrm", "CapBnd", "CapAmb", "NoNewPrivs", "Uid")
 
 
@@ -127,7 +128,8 @@ class Probe:
 
 def _run_inside(bwrap: str, flags: list[str]) -> subprocess.CompletedProcess:
     argv = [bwrap, *flags, *view.runtime_mounts(), "--dev", "/dev", "--proc", "/proc", "--unshare-pid",
-            "--unshare-net", "--die-with-parent", "--new-session", "--", "cat", "/proc/self/status"]
+            "--unshare-net", "--die-with-parent", "--new-session", "--setenv", "PATH", SYSTEM_PATH,
+            "--", "cat", "/proc/self/status"]
     return subprocess.run(argv, capture_output=True, timeout=PROBE_TIMEOUT_S)
 
 

@@ -105,6 +105,10 @@ def interpreter(argv: list[str], path_var: str | None = None, hidden: tuple[str,
     path_var = os.environ.get("PATH", "") if path_var is None else path_var
     head, rest = _strip_env(argv)
     program = _which(head[0], path_var) if head else None
+    if program is None and head and head[0] == "uv":
+        raise ViewError("the command `uv` is not found on PATH: install uv (`pip install uv`, or see "
+                        "https://docs.astral.sh/uv/getting-started/installation/), or set train_command to the "
+                        "project's own interpreter (`.venv/bin/python train.py` after `uv sync`)")
     if program is None:
         raise ViewError(f"the command {argv[0]!r} is not found on PATH ({path_var or 'empty'}): install it, or "
                         f"name it by its absolute path in the settings")
