@@ -61,7 +61,7 @@ WORKLOAD_DEFAULTS: dict[str, Any] = {
     "ray_address": None,  # the Ray cluster; None = $RAY_ADDRESS, else "auto"
     "job_resources": None,  # Ray resources per job, e.g. {"GPU": 1} (the default) or {"CPU": 1}
     "slots": None,  # jobs at once on the cluster; None = what its resources hold
-    "setup_command": None,  # once per node before its first job (Ray), e.g. "python prepare.py"; for `uv run`: makes the run's environment (default "uv sync --frozen")
+    "setup_command": None,  # once per Ray node before its first job; `uv run`: the run's env (uv sync --frozen)
     "setup_timeout": 3600,  # s, the setup command's hard limit
 }
 
