@@ -9,8 +9,11 @@ functions on strings; every message says what to do instead, so an LLM can act o
 """
 from __future__ import annotations
 
+import ast
 import difflib
+import io
 import re
+import tokenize
 
 FIXED = "the data, time budget and evaluation in prepare.py are fixed; improve the model or training in train.py"
 
@@ -24,6 +27,12 @@ SEALED_RULES: tuple[tuple[str, str], ...] = (
      "reads the dataset files or prepare's caches directly; get training data through get_batch('train', ...)"),
     (r"""(load_split|get_batch)\s*\(\s*(split\s*=\s*)?['"]val['"]|['"]val['"]""",
      "uses the validation split; train and tune on 'train' only, the harness scores validation once"),
+    # a blob has to be decoded: train.py, which gets its data from prepare, never decodes anything
+    (r"\b(base64|binascii|codecs|zlib|gzip|bz2|lzma|zipfile|tarfile|pickle|marshal|shelve)\b|\.fromhex\s*\(|"
+     r"\b(unhexlify|frombuffer|b(16|32|64|85)decode|a85decode)\b",
+     "decodes or decompresses data (base64, zlib, pickle, ...); train.py holds code, not encoded data"),
+    (r"\b__file__\b|\binspect\s*\.|\blinecache\b|['\"][^'\"]*train\.py",
+     "reads its own source, whose comments and strings could carry data; train.py holds code only"),
 )
 RULES: tuple[tuple[str, str], ...] = (
     (r"(?i)seal", "refers to the result seal (HARNESS_SEAL_*, prepare's seal key); results are sealed by prepare.py only"),
@@ -92,12 +101,16 @@ def problems(path: str, old: str, new: str, metric: str = "val_bpb", protected_m
     if sealed:
         rules.append((rf"""['"][^'"]*\b{re.escape(metric)}\s*:|print\s*\(\s*['"]---['"]""",
                       f"prints a result block ({metric}: ...); only prepare.report() reports results"))
-    for lineno, raw in added_lines(old, new):
+    added = added_lines(old, new)
+    for lineno, raw in added:
         line = _strip_comment(raw)
         for pattern, what in rules:
             if re.search(pattern, line):
                 found.append(f"{path}:{lineno}: `{raw.strip()[:80]}` {what}")
                 break
+    lines = new.splitlines()
+    found += [f"{path}:{lineno}: `{lines[lineno - 1].strip()[:80]}` {what}"
+              for lineno, what in literal_problems(new, {n for n, _ in added})]
     return found
 
 
@@ -105,3 +118,103 @@ def explain(found: list[str]) -> str:
     """One message for the ledger and the next prompt."""
     more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
     return "policy: " + "; ".join(found[:3]) + more + f". {FIXED}."
+
+
+# ---------------------------------------------------------------------------
+# Encoded data. A researcher that has the validation bytes could compress the scored ones into
+# train.py and ship a causal lookup model: it predicts from the past only, so the causality
+# probe passes it. What a proposal adds as literals is therefore bounded. The scored bytes are
+# 32 KB on a CPU and 512 KB on a GPU; xz makes them 13 KB and 177 KB, and a few KB of text
+# about half its size. The bundled train.py's largest literal is its 368-byte docstring and it
+# holds 750 bytes of literals in all (600 of strings, 150 of numbers): honest edits stay well
+# under these bounds, while what they let through (1.5 KB, about 3 KB of text) is under 1% of
+# the bytes a GPU scores. Kept proposals could add that again each time: the real defence is
+# that the researcher never has the validation bytes (docs/robustness.md); this one is the net.
+MAX_LITERAL_BYTES = 512  # bytes of one string or bytes literal (implicit concatenation merged)
+MAX_ADDED_LITERAL_BYTES = 1536  # bytes of strings plus digits of numbers that one proposal adds
+MAX_LITERAL_NUMBERS = 32  # numbers in one list/tuple/set/dict literal, nested ones included
+MAX_PIECES = 16  # literal strings joined into one value (implicit, +, or a list of strings)
+ENCODED_RUN = re.compile(r"[A-Za-z0-9+/=_-]{128,}|[0-9A-Za-z!#$%&()*+\-;<=>?@^_`{|}~]{128,}|(\\x[0-9a-fA-F]{2}){16,}")
+# 128 characters of a base64/base85/hex alphabet without a space or a dot: no identifier, URL
+# or code is that long (this repository's longest is a 85-character test name); 16 \xNN escapes
+# in a row is a bytes blob (prepare's DOC_SEPARATOR is one).
+
+BLOB = "; train.py holds code, not encoded data (the harness refuses lookup tables of the validation bytes)"
+
+
+def literal_problems(source: str, added: set[int]) -> list[tuple[int, str]]:
+    """(line, what) for the encoded or oversized literals that the lines in `added` hold."""
+    found = [(n, "holds a long run of base64/base85/hex characters" + BLOB)
+             for n, line in enumerate(source.splitlines(), 1) if n in added and ENCODED_RUN.search(line)]
+    found += [(n, f"joins {pieces} literal strings into one (at most {MAX_PIECES})" + BLOB)
+              for n, pieces in _implicit_joins(source) if n in added and pieces > MAX_PIECES]
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):  # the training run reports it; the line rules still hold
+        return _unique(found)
+    total, inner = 0, set()  # inner: containers and + chains inside one already counted
+    for node in ast.walk(tree):
+        if not hasattr(node, "lineno") or not _touches(node, added):
+            continue
+        if isinstance(node, ast.Constant):
+            total += _size(node)
+            if _size(node) > MAX_LITERAL_BYTES:
+                found.append((node.lineno, f"adds a literal of {_size(node)} bytes (at most {MAX_LITERAL_BYTES})" + BLOB))
+        elif isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict, ast.BinOp)) and id(node) not in inner:
+            inner.update(id(n) for n in ast.walk(node) if n is not node and isinstance(n, type(node)))
+            numbers = sum(isinstance(n, ast.Constant) and not isinstance(n.value, (str, bytes)) and _size(n) > 0
+                          for n in ast.walk(node))
+            if numbers > MAX_LITERAL_NUMBERS and not isinstance(node, ast.BinOp):
+                found.append((node.lineno, f"adds a literal of {numbers} numbers (at most {MAX_LITERAL_NUMBERS})" + BLOB))
+            if _pieces(node) > MAX_PIECES:
+                found.append((node.lineno, f"joins {_pieces(node)} literal strings into one (at most {MAX_PIECES})" + BLOB))
+    if total > MAX_ADDED_LITERAL_BYTES:
+        found.append((min(added), f"adds {total} bytes of literals in all (at most {MAX_ADDED_LITERAL_BYTES})" + BLOB))
+    return _unique(found)
+
+
+def _touches(node: ast.AST, added: set[int]) -> bool:
+    return any(n in added for n in range(node.lineno, (node.end_lineno or node.lineno) + 1))
+
+
+def _size(node: ast.Constant) -> int:
+    """Bytes a constant can carry: a string's or bytes' length, a number's digits (0: None, bools)."""
+    value = node.value
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float, complex)):
+        return 0
+    return len(re.sub(r"[^0-9]", "", repr(value)))
+
+
+def _pieces(node: ast.AST) -> int:
+    """Literal strings among a `+` chain's operands, or a list/tuple/set's elements."""
+    if isinstance(node, ast.BinOp):
+        if not isinstance(node.op, ast.Add):
+            return 0
+        return sum(_pieces(side) if isinstance(side, ast.BinOp) else _is_text(side) for side in (node.left, node.right))
+    return sum(_is_text(element) for element in getattr(node, "elts", node.values if isinstance(node, ast.Dict) else []))
+
+
+def _is_text(node: ast.AST) -> int:
+    return int(isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)))
+
+
+def _implicit_joins(source: str) -> list[tuple[int, int]]:
+    """(first line, count) of each run of adjacent string tokens ("a" "b" ...: one value to ast)."""
+    runs, start, count = [], 0, 0
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.STRING:
+                start, count = (start, count + 1) if count else (tok.start[0], 1)
+            elif tok.type not in (tokenize.NL, tokenize.COMMENT):
+                if count:
+                    runs.append((start, count))
+                count = 0
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return runs
+
+
+def _unique(found: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    return sorted(set(found))
