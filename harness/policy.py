@@ -102,15 +102,15 @@ def problems(path: str, old: str, new: str, metric: str = "val_bpb", protected_m
         rules.append((rf"""['"][^'"]*\b{re.escape(metric)}\s*:|print\s*\(\s*['"]---['"]""",
                       f"prints a result block ({metric}: ...); only prepare.report() reports results"))
     added = added_lines(old, new)
+    lines = new.splitlines()  # encoded data first: a blob's line may match other rules by chance
+    found += [f"{path}:{lineno}: `{lines[lineno - 1].strip()[:80]}` {what}"
+              for lineno, what in literal_problems(new, {n for n, _ in added})]
     for lineno, raw in added:
         line = _strip_comment(raw)
         for pattern, what in rules:
             if re.search(pattern, line):
                 found.append(f"{path}:{lineno}: `{raw.strip()[:80]}` {what}")
                 break
-    lines = new.splitlines()
-    found += [f"{path}:{lineno}: `{lines[lineno - 1].strip()[:80]}` {what}"
-              for lineno, what in literal_problems(new, {n for n, _ in added})]
     return found
 
 
@@ -147,14 +147,15 @@ def literal_problems(source: str, added: set[int]) -> list[tuple[int, str]]:
     found = [(n, "holds a long run of base64/base85/hex characters" + BLOB)
              for n, line in enumerate(source.splitlines(), 1) if n in added and ENCODED_RUN.search(line)]
     found += [(n, f"joins {pieces} literal strings into one (at most {MAX_PIECES})" + BLOB)
-              for n, pieces in _implicit_joins(source) if n in added and pieces > MAX_PIECES]
+              for n, pieces in _implicit_joins(source, added) if pieces > MAX_PIECES]
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):  # the training run reports it; the line rules still hold
         return _unique(found)
     total, inner = 0, set()  # inner: containers and + chains inside one already counted
+    new = lambda node: _touches(node, added)  # noqa: E731 - the baseline's own literals are not held
     for node in ast.walk(tree):
-        if not hasattr(node, "lineno") or not _touches(node, added):
+        if not hasattr(node, "lineno") or not new(node):
             continue
         if isinstance(node, ast.Constant):
             total += _size(node)
@@ -163,11 +164,12 @@ def literal_problems(source: str, added: set[int]) -> list[tuple[int, str]]:
         elif isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict, ast.BinOp)) and id(node) not in inner:
             inner.update(id(n) for n in ast.walk(node) if n is not node and isinstance(n, type(node)))
             numbers = sum(isinstance(n, ast.Constant) and not isinstance(n.value, (str, bytes)) and _size(n) > 0
-                          for n in ast.walk(node))
+                          and new(n) for n in ast.walk(node))
             if numbers > MAX_LITERAL_NUMBERS and not isinstance(node, ast.BinOp):
                 found.append((node.lineno, f"adds a literal of {numbers} numbers (at most {MAX_LITERAL_NUMBERS})" + BLOB))
-            if _pieces(node) > MAX_PIECES:
-                found.append((node.lineno, f"joins {_pieces(node)} literal strings into one (at most {MAX_PIECES})" + BLOB))
+            pieces = sum(new(piece) for piece in _pieces(node))
+            if pieces > MAX_PIECES:
+                found.append((node.lineno, f"joins {pieces} literal strings into one (at most {MAX_PIECES})" + BLOB))
     if total > MAX_ADDED_LITERAL_BYTES:
         found.append((min(added), f"adds {total} bytes of literals in all (at most {MAX_ADDED_LITERAL_BYTES})" + BLOB))
     return _unique(found)
@@ -187,30 +189,32 @@ def _size(node: ast.Constant) -> int:
     return len(re.sub(r"[^0-9]", "", repr(value)))
 
 
-def _pieces(node: ast.AST) -> int:
-    """Literal strings among a `+` chain's operands, or a list/tuple/set's elements."""
+def _pieces(node: ast.AST) -> list[ast.AST]:
+    """The literal strings among a `+` chain's operands, or a list/tuple/set's elements (a dict's values)."""
     if isinstance(node, ast.BinOp):
         if not isinstance(node.op, ast.Add):
-            return 0
-        return sum(_pieces(side) if isinstance(side, ast.BinOp) else _is_text(side) for side in (node.left, node.right))
-    return sum(_is_text(element) for element in getattr(node, "elts", node.values if isinstance(node, ast.Dict) else []))
+            return []
+        return [p for side in (node.left, node.right) for p in (_pieces(side) if isinstance(side, ast.BinOp) else [side])
+                if _is_text(p)]
+    return [e for e in (node.values if isinstance(node, ast.Dict) else node.elts) if _is_text(e)]
 
 
-def _is_text(node: ast.AST) -> int:
-    return int(isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)))
+def _is_text(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes))
 
 
-def _implicit_joins(source: str) -> list[tuple[int, int]]:
-    """(first line, count) of each run of adjacent string tokens ("a" "b" ...: one value to ast)."""
-    runs, start, count = [], 0, 0
+def _implicit_joins(source: str, added: set[int]) -> list[tuple[int, int]]:
+    """(first line, count) of the added pieces of each run of adjacent string tokens ("a" "b":
+    one value to ast)."""
+    runs, lines = [], []
     try:
         for tok in tokenize.generate_tokens(io.StringIO(source).readline):
             if tok.type == tokenize.STRING:
-                start, count = (start, count + 1) if count else (tok.start[0], 1)
+                lines += [tok.start[0]] if tok.start[0] in added else []
             elif tok.type not in (tokenize.NL, tokenize.COMMENT):
-                if count:
-                    runs.append((start, count))
-                count = 0
+                if lines:
+                    runs.append((lines[0], len(lines)))
+                lines = []
     except (tokenize.TokenError, SyntaxError):
         pass
     return runs

@@ -154,3 +154,10 @@ def test_ordinary_code_and_the_mutate_researchers_edits_pass(tmp_path):
         assert not proposal.error, proposal.error
         assert policy.problems("train.py", train, (tmp_path / "train.py").read_text()) == [], proposal.description
         (tmp_path / "train.py").write_text(train)
+
+
+def test_a_changed_line_of_the_baselines_own_table_is_not_held_against_it():
+    old = BASE + "TABLE = [\n" + "".join(f"    {i}, {i + 1}, {i + 2}, {i + 3},\n" for i in range(0, 40, 4)) + "]\n"
+    assert policy.problems("train.py", old, old.replace("    8, 9,", "    8, 90,")) == []
+    grown = old.replace("]\n", "".join(f"    {i},\n" for i in range(40, 80)) + "]\n")
+    assert "40 numbers" in policy.problems("train.py", old, grown)[0]
