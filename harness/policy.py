@@ -152,15 +152,16 @@ def literal_problems(source: str, added: set[int]) -> list[tuple[int, str]]:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):  # the training run reports it; the line rules still hold
         return _unique(found)
-    total, inner = 0, set()  # inner: containers and + chains inside one already counted
+    total, first, inner = 0, None, set()  # first: the first literal's line; inner: counted already
     new = lambda node: _touches(node, added)  # noqa: E731 - the baseline's own literals are not held
     for node in ast.walk(tree):
         if not hasattr(node, "lineno") or not new(node):
             continue
-        if isinstance(node, ast.Constant):
-            total += _size(node)
-            if _size(node) > MAX_LITERAL_BYTES:
-                found.append((node.lineno, f"adds a literal of {_size(node)} bytes (at most {MAX_LITERAL_BYTES})" + BLOB))
+        if isinstance(node, ast.Constant) and _size(node):
+            size, first = _size(node), min(first or node.lineno, node.lineno)
+            total += size
+            if size > MAX_LITERAL_BYTES:
+                found.append((node.lineno, f"adds a literal of {size} bytes (at most {MAX_LITERAL_BYTES})" + BLOB))
         elif isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict, ast.BinOp)) and id(node) not in inner:
             inner.update(id(n) for n in ast.walk(node) if n is not node and isinstance(n, type(node)))
             numbers = sum(isinstance(n, ast.Constant) and not isinstance(n.value, (str, bytes)) and _size(n) > 0
@@ -171,7 +172,7 @@ def literal_problems(source: str, added: set[int]) -> list[tuple[int, str]]:
             if pieces > MAX_PIECES:
                 found.append((node.lineno, f"joins {pieces} literal strings into one (at most {MAX_PIECES})" + BLOB))
     if total > MAX_ADDED_LITERAL_BYTES:
-        found.append((min(added), f"adds {total} bytes of literals in all (at most {MAX_ADDED_LITERAL_BYTES})" + BLOB))
+        found.append((first, f"adds {total} bytes of literals in all (at most {MAX_ADDED_LITERAL_BYTES})" + BLOB))
     return _unique(found)
 
 
