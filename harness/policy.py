@@ -167,7 +167,8 @@ def literal_problems(source: str, added: set[int]) -> list[tuple[int, str]]:
             numbers = sum(isinstance(n, ast.Constant) and not isinstance(n.value, (str, bytes)) and _size(n) > 0
                           and new(n) for n in ast.walk(node))
             if numbers > MAX_LITERAL_NUMBERS and not isinstance(node, ast.BinOp):
-                found.append((node.lineno, f"adds a literal of {numbers} numbers (at most {MAX_LITERAL_NUMBERS})" + BLOB))
+                found.append((node.lineno, f"adds a literal of {numbers} numbers "
+                                           f"(at most {MAX_LITERAL_NUMBERS})" + BLOB))
             pieces = sum(new(piece) for piece in _pieces(node))
             if pieces > MAX_PIECES:
                 found.append((node.lineno, f"joins {pieces} literal strings into one (at most {MAX_PIECES})" + BLOB))
@@ -195,8 +196,8 @@ def _pieces(node: ast.AST) -> list[ast.AST]:
     if isinstance(node, ast.BinOp):
         if not isinstance(node.op, ast.Add):
             return []
-        return [p for side in (node.left, node.right) for p in (_pieces(side) if isinstance(side, ast.BinOp) else [side])
-                if _is_text(p)]
+        sides = [_pieces(side) if isinstance(side, ast.BinOp) else [side] for side in (node.left, node.right)]
+        return [p for side in sides for p in side if _is_text(p)]
     return [e for e in (node.values if isinstance(node, ast.Dict) else node.elts) if _is_text(e)]
 
 

@@ -111,7 +111,8 @@ LOOKUP_CONTEXT = (
 
 
 def _pieces(text: str, width: int) -> str:
-    return "(\n" + "".join(f"    {'+ ' if i else ''}\"{text[i:i + width]}\"\n" for i in range(0, len(text), width)) + ")"
+    lines = [f"    {'+ ' if i else ''}\"{text[i:i + width]}\"\n" for i in range(0, len(text), width)]
+    return "(\n" + "".join(lines) + ")"
 
 
 ENCODINGS = {  # how the scored bytes reach train.py: (the literal's code, decoding it into SCORED)
