@@ -134,10 +134,13 @@ MAX_LITERAL_BYTES = 512  # bytes of one string or bytes literal (implicit concat
 MAX_ADDED_LITERAL_BYTES = 1536  # bytes of strings plus digits of numbers that one proposal adds
 MAX_LITERAL_NUMBERS = 32  # numbers in one list/tuple/set/dict literal, nested ones included
 MAX_PIECES = 16  # literal strings joined into one value (implicit, +, or a list of strings)
-ENCODED_RUN = re.compile(r"[A-Za-z0-9+/=_-]{128,}|[0-9A-Za-z!#$%&()*+\-;<=>?@^_`{|}~]{128,}|(\\x[0-9a-fA-F]{2}){16,}")
+ENCODED_RUN = re.compile(r"[A-Za-z0-9+/=_-]{128,}|[0-9A-Za-z!#$%&()*+\-;<=>?@^_`{|}~]{128,}")
+ESCAPED_RUN = re.compile(r"(\\x[0-9a-fA-F]{2}){16,}")
 # 128 characters of a base64/base85/hex alphabet without a space or a dot: no identifier, URL
 # or code is that long (this repository's longest is a 85-character test name); 16 \xNN escapes
-# in a row is a bytes blob (prepare's DOC_SEPARATOR is one).
+# in a row is a bytes blob (prepare's DOC_SEPARATOR is one). A run of few distinct characters
+# is a rule drawn in a comment (# ----, # ====), not data.
+ENCODED_KINDS = 8  # distinct characters a run needs to count as encoded (hex has 16)
 
 BLOB = "; train.py holds code, not encoded data (the harness refuses lookup tables of the validation bytes)"
 
@@ -145,7 +148,7 @@ BLOB = "; train.py holds code, not encoded data (the harness refuses lookup tabl
 def literal_problems(source: str, added: set[int]) -> list[tuple[int, str]]:
     """(line, what) for the encoded or oversized literals that the lines in `added` hold."""
     found = [(n, "holds a long run of base64/base85/hex characters" + BLOB)
-             for n, line in enumerate(source.splitlines(), 1) if n in added and ENCODED_RUN.search(line)]
+             for n, line in enumerate(source.splitlines(), 1) if n in added and _encoded(line)]
     found += [(n, f"joins {pieces} literal strings into one (at most {MAX_PIECES})" + BLOB)
               for n, pieces in _implicit_joins(source, added) if pieces > MAX_PIECES]
     try:
@@ -175,6 +178,11 @@ def literal_problems(source: str, added: set[int]) -> list[tuple[int, str]]:
     if total > MAX_ADDED_LITERAL_BYTES:
         found.append((first, f"adds {total} bytes of literals in all (at most {MAX_ADDED_LITERAL_BYTES})" + BLOB))
     return _unique(found)
+
+
+def _encoded(line: str) -> bool:
+    return bool(ESCAPED_RUN.search(line)) or any(len(set(run.group())) >= ENCODED_KINDS
+                                                 for run in ENCODED_RUN.finditer(line))
 
 
 def _touches(node: ast.AST, added: set[int]) -> bool:

@@ -41,6 +41,7 @@ def test_cheating_lines_are_named_with_what_to_do(added, what):
     "import math\nwarm = math.cos(0.5)\n",
     "model.eval()  # the prepare step is fixed\n",
     "t = time.time()\nprint(f'step {t:.1f}')\n",
+    "# " + "-" * 150 + "\n",  # a rule drawn in a comment, longer than an encoded run
     "torch.backends.cuda.matmul.allow_tf32 = True\n",
 ])
 def test_ordinary_research_edits_pass(added):
