@@ -204,7 +204,10 @@ def evaluate_bpb(model, seq_len: int, batch_size: int) -> float:
         _refuse(problems)
     was_training = model.training
     model.eval()
-    bpb, causal = score(model, val, seq_len, batch_size, device)
+    try:
+        bpb, causal = score(model, val, seq_len, batch_size, device)
+    except NotFinite as e:
+        _refuse([str(e)])
     if not causal:
         _refuse([NOT_CAUSAL])
     model.train(was_training)
@@ -214,6 +217,20 @@ def evaluate_bpb(model, seq_len: int, batch_size: int) -> float:
 
 NOT_CAUSAL = ("the model's prediction for a byte depends on later bytes (it is not causal), so it sees the "
               "answers; keep attention causal (is_causal=True)")
+
+
+class NotFinite(ValueError):
+    """A NaN or an infinity seen anywhere in the evaluation (a logit of any call, a loss, the score).
+    Such a model is refused, never scored: a NaN compares False with everything and max() skips
+    it, so a check it reached would pass whatever it hid (a look ahead in the probe's calls)."""
+
+
+def _finite(values, what: str, where: str):
+    """values, when every one is a finite number; else NotFinite naming what and where."""
+    if not bool(torch.isfinite(torch.as_tensor(values)).all()):
+        raise NotFinite(f"the evaluation saw a non-finite {what} (NaN or infinity) in {where}; the model "
+                        f"must return finite logits in every call (mask with a large negative number, not -inf)")
+    return values
 
 
 @torch.no_grad()
@@ -234,10 +251,11 @@ def score(forward, val, seq_len: int, batch_size: int, device) -> tuple[float, b
     starts = list(range(0, n, seq_len))
     calls_seed, plan_seed = (int.from_bytes(os.urandom(8), "little") for _ in range(2))
 
-    def call(x):
+    def call(x, where: str):
         torch.manual_seed(calls_seed)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            return forward(x)
+            logits = forward(x)
+        return _finite(logits, "logit", where)
 
     positions = torch.arange(seq_len + 1, device=device)
     lengths = torch.tensor([min(seq_len, n - s) for s in starts], device=device)
@@ -248,10 +266,11 @@ def score(forward, val, seq_len: int, batch_size: int, device) -> tuple[float, b
             group = starts[i:i + batch_size]
             rows = group + [group[0]] * (batch_size - len(group))
             window = _windows(val, torch.tensor(rows, device=device), positions)
-            nll = _losses(call(window[:, :-1]), window[:, 1:])
+            nll = _losses(call(window[:, :-1], "a scoring call"), window[:, 1:], "a scoring call")
             total_nats += nll[:len(group)][positions[None, :seq_len] < lengths[i:i + len(group), None]].sum().item()
             scored[i:i + len(group)] = nll[:len(group)]
         bpb = total_nats / n / math.log(2)
+        _finite(bpb, "val_bpb", "the score")  # a sum of finite losses can still overflow
         causal = _is_causal(call, val, starts, lengths, scored, batch_size, plan_seed)
     return bpb, causal
 
@@ -260,9 +279,10 @@ def _windows(val, starts, positions):
     return val[(starts[:, None] + positions).clamp(max=len(val) - 1)].long()
 
 
-def _losses(logits, targets):
-    return F.cross_entropy(logits.float().reshape(-1, VOCAB_SIZE), targets.reshape(-1),
-                           reduction="none").view(targets.shape)
+def _losses(logits, targets, where: str):
+    """Each prediction's loss in nats; finite logits can still overflow it (a logit of 1e38)."""
+    nll = F.cross_entropy(logits.float().reshape(-1, VOCAB_SIZE), targets.reshape(-1), reduction="none")
+    return _finite(nll.view(targets.shape), "loss", where)
 
 
 # The causality probe. Each scored window is fed again (PROBE_ROUNDS times, at least PROBE_ROWS
@@ -299,18 +319,20 @@ def _is_causal(call, val, starts, lengths, scored, batch_size: int, plan_seed: i
             same = (probe == original) & (positions[None, :] == cut[:, None])  # the first replaced byte must differ
             probe = torch.where(same, (original + 1) % VOCAB_SIZE, probe)
             x = torch.cat([probe[:, :-1], elsewhere[k:, :-1]])
-            loss = _losses(call(x), torch.cat([original[:, 1:], elsewhere[k:, 1:]]))[:k]
+            targets = torch.cat([original[:, 1:], elsewhere[k:, 1:]])
+            loss = _losses(call(x, "a probe call"), targets, "a probe call")[:k]
             shift = loss - scored[w]  # how far each prediction moved from when it was scored
             before_cut = positions[None, :seq_len] < torch.minimum(cut, lengths[w])[:, None]
-            if before_cut.any():
-                moved = max(moved, shift[before_cut].abs().max().item())
+            if before_cut.any():  # fails closed: a NaN here (there is none: see _finite) is a move
+                largest = shift[before_cut].abs().max().item()
+                moved = moved if largest <= moved else largest
             scored_cut = cut <= lengths[w]
             at_cut += shift[scored_cut, (cut - 1)[scored_cut]].tolist()
-    if moved > tolerance:
+    if not moved <= tolerance:  # not `moved > tolerance`, which a NaN would pass
         return False
     # a small look ahead, under the tolerance, still shows as a loss that rises at the cut on average
     d = torch.tensor(at_cut, dtype=torch.float64)
-    if len(d) >= 2 and d.mean().item() > 5 * d.std().item() / math.sqrt(len(d)) + tolerance / 10:
+    if len(d) >= 2 and not d.mean().item() <= 5 * d.std().item() / math.sqrt(len(d)) + tolerance / 10:
         return False
     return True
 
@@ -540,12 +562,12 @@ def evaluate_saved(output_dir: Path) -> dict:
     _STATE["in_eval"] = False
     try:
         bpb, causal = score(module, val, seq_len, batch_size, device)
+    except NotFinite as e:
+        _refuse([str(e)])
     except Exception as e:  # noqa: BLE001
         _refuse([f"the saved model failed on input of shape ({batch_size}, {seq_len}): {str(e)[:300]}"])
     if not causal:
         _refuse([NOT_CAUSAL])
-    if not math.isfinite(bpb):
-        _refuse([f"val_bpb is not finite ({bpb})"])
     return _print_block({"val_bpb": bpb, "eval_seq_len": seq_len, "eval_batch_size": batch_size})
 
 
@@ -696,7 +718,7 @@ _PRISTINE = {name: (dict(value) if isinstance(value, dict) else value) for name,
              if (name.isupper() and not name.startswith("_"))
              or name in ("_clock", "load_split", "get_batch", "evaluate_bpb", "report",
                          "_load_bundled", "_load_prepared", "_integrity_problems", "_is_causal", "_refuse", "score",
-                         "_windows", "_losses",
+                         "_windows", "_losses", "_finite", "NotFinite",
                          "_same")}
 _CROSS_ENTROPY, _LOG = F.cross_entropy, math.log
 

@@ -9,8 +9,11 @@ functions on strings; every message says what to do instead, so an LLM can act o
 """
 from __future__ import annotations
 
+import ast
 import difflib
+import io
 import re
+import tokenize
 
 FIXED = "the data, time budget and evaluation in prepare.py are fixed; improve the model or training in train.py"
 
@@ -24,6 +27,12 @@ SEALED_RULES: tuple[tuple[str, str], ...] = (
      "reads the dataset files or prepare's caches directly; get training data through get_batch('train', ...)"),
     (r"""(load_split|get_batch)\s*\(\s*(split\s*=\s*)?['"]val['"]|['"]val['"]""",
      "uses the validation split; train and tune on 'train' only, the harness scores validation once"),
+    # a blob has to be decoded: train.py, which gets its data from prepare, never decodes anything
+    (r"\b(base64|binascii|codecs|zlib|gzip|bz2|lzma|zipfile|tarfile|pickle|marshal|shelve)\b|\.fromhex\s*\(|"
+     r"\b(unhexlify|frombuffer|b(16|32|64|85)decode|a85decode)\b",
+     "decodes or decompresses data (base64, zlib, pickle, ...); train.py holds code, not encoded data"),
+    (r"\b__file__\b|\binspect\s*\.|\blinecache\b|['\"][^'\"]*train\.py",
+     "reads its own source, whose comments and strings could carry data; train.py holds code only"),
 )
 RULES: tuple[tuple[str, str], ...] = (
     (r"(?i)seal", "refers to the result seal (HARNESS_SEAL_*, prepare's seal key); results are sealed by prepare.py only"),
@@ -92,7 +101,11 @@ def problems(path: str, old: str, new: str, metric: str = "val_bpb", protected_m
     if sealed:
         rules.append((rf"""['"][^'"]*\b{re.escape(metric)}\s*:|print\s*\(\s*['"]---['"]""",
                       f"prints a result block ({metric}: ...); only prepare.report() reports results"))
-    for lineno, raw in added_lines(old, new):
+    added = added_lines(old, new)
+    lines = new.splitlines()  # encoded data first: a blob's line may match other rules by chance
+    found += [f"{path}:{lineno}: `{lines[lineno - 1].strip()[:80]}` {what}"
+              for lineno, what in literal_problems(new, {n for n, _ in added})]
+    for lineno, raw in added:
         line = _strip_comment(raw)
         for pattern, what in rules:
             if re.search(pattern, line):
@@ -105,3 +118,117 @@ def explain(found: list[str]) -> str:
     """One message for the ledger and the next prompt."""
     more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
     return "policy: " + "; ".join(found[:3]) + more + f". {FIXED}."
+
+
+# ---------------------------------------------------------------------------
+# Encoded data. A researcher that has the validation bytes could compress the scored ones into
+# train.py and ship a causal lookup model: it predicts from the past only, so the causality
+# probe passes it. What a proposal adds as literals is therefore bounded. The scored bytes are
+# 32 KB on a CPU and 512 KB on a GPU; xz makes them 13 KB and 177 KB, and a few KB of text
+# about half its size. The bundled train.py's largest literal is its 368-byte docstring and it
+# holds 750 bytes of literals in all (600 of strings, 150 of numbers): honest edits stay well
+# under these bounds, while what they let through (1.5 KB, about 3 KB of text) is under 1% of
+# the bytes a GPU scores. Kept proposals could add that again each time: the real defence is
+# that the researcher never has the validation bytes (docs/robustness.md); this one is the net.
+MAX_LITERAL_BYTES = 512  # bytes of one string or bytes literal (implicit concatenation merged)
+MAX_ADDED_LITERAL_BYTES = 1536  # bytes of strings plus digits of numbers that one proposal adds
+MAX_LITERAL_NUMBERS = 32  # numbers in one list/tuple/set/dict literal, nested ones included
+MAX_PIECES = 16  # literal strings joined into one value (implicit, +, or a list of strings)
+ENCODED_RUN = re.compile(r"[A-Za-z0-9+/=_-]{128,}|[0-9A-Za-z!#$%&()*+\-;<=>?@^_`{|}~]{128,}")
+ESCAPED_RUN = re.compile(r"(\\x[0-9a-fA-F]{2}){16,}")
+# 128 characters of a base64/base85/hex alphabet without a space or a dot: no identifier, URL
+# or code is that long (this repository's longest is a 85-character test name); 16 \xNN escapes
+# in a row is a bytes blob (prepare's DOC_SEPARATOR is one). A run of few distinct characters
+# is a rule drawn in a comment (# ----, # ====), not data.
+ENCODED_KINDS = 8  # distinct characters a run needs to count as encoded (hex has 16)
+
+BLOB = "; train.py holds code, not encoded data (the harness refuses lookup tables of the validation bytes)"
+
+
+def literal_problems(source: str, added: set[int]) -> list[tuple[int, str]]:
+    """(line, what) for the encoded or oversized literals that the lines in `added` hold."""
+    found = [(n, "holds a long run of base64/base85/hex characters" + BLOB)
+             for n, line in enumerate(source.splitlines(), 1) if n in added and _encoded(line)]
+    found += [(n, f"joins {pieces} literal strings into one (at most {MAX_PIECES})" + BLOB)
+              for n, pieces in _implicit_joins(source, added) if pieces > MAX_PIECES]
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):  # the training run reports it; the line rules still hold
+        return _unique(found)
+    total, first, inner = 0, None, set()  # first: the first literal's line; inner: counted already
+    new = lambda node: _touches(node, added)  # noqa: E731 - the baseline's own literals are not held
+    for node in ast.walk(tree):
+        if not hasattr(node, "lineno") or not new(node):
+            continue
+        if isinstance(node, ast.Constant) and _size(node):
+            size, first = _size(node), min(first or node.lineno, node.lineno)
+            total += size
+            if size > MAX_LITERAL_BYTES:
+                found.append((node.lineno, f"adds a literal of {size} bytes (at most {MAX_LITERAL_BYTES})" + BLOB))
+        elif isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict, ast.BinOp)) and id(node) not in inner:
+            inner.update(id(n) for n in ast.walk(node) if n is not node and isinstance(n, type(node)))
+            numbers = sum(isinstance(n, ast.Constant) and not isinstance(n.value, (str, bytes)) and _size(n) > 0
+                          and new(n) for n in ast.walk(node))
+            if numbers > MAX_LITERAL_NUMBERS and not isinstance(node, ast.BinOp):
+                found.append((node.lineno, f"adds a literal of {numbers} numbers "
+                                           f"(at most {MAX_LITERAL_NUMBERS})" + BLOB))
+            pieces = sum(new(piece) for piece in _pieces(node))
+            if pieces > MAX_PIECES:
+                found.append((node.lineno, f"joins {pieces} literal strings into one (at most {MAX_PIECES})" + BLOB))
+    if total > MAX_ADDED_LITERAL_BYTES:
+        found.append((first, f"adds {total} bytes of literals in all (at most {MAX_ADDED_LITERAL_BYTES})" + BLOB))
+    return _unique(found)
+
+
+def _encoded(line: str) -> bool:
+    return bool(ESCAPED_RUN.search(line)) or any(len(set(run.group())) >= ENCODED_KINDS
+                                                 for run in ENCODED_RUN.finditer(line))
+
+
+def _touches(node: ast.AST, added: set[int]) -> bool:
+    return any(n in added for n in range(node.lineno, (node.end_lineno or node.lineno) + 1))
+
+
+def _size(node: ast.Constant) -> int:
+    """Bytes a constant can carry: a string's or bytes' length, a number's digits (0: None, bools)."""
+    value = node.value
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float, complex)):
+        return 0
+    return len(re.sub(r"[^0-9]", "", repr(value)))
+
+
+def _pieces(node: ast.AST) -> list[ast.AST]:
+    """The literal strings among a `+` chain's operands, or a list/tuple/set's elements (a dict's values)."""
+    if isinstance(node, ast.BinOp):
+        if not isinstance(node.op, ast.Add):
+            return []
+        sides = [_pieces(side) if isinstance(side, ast.BinOp) else [side] for side in (node.left, node.right)]
+        return [p for side in sides for p in side if _is_text(p)]
+    return [e for e in (node.values if isinstance(node, ast.Dict) else node.elts) if _is_text(e)]
+
+
+def _is_text(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes))
+
+
+def _implicit_joins(source: str, added: set[int]) -> list[tuple[int, int]]:
+    """(first line, count) of the added pieces of each run of adjacent string tokens ("a" "b":
+    one value to ast)."""
+    runs, lines = [], []
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.STRING:
+                lines += [tok.start[0]] if tok.start[0] in added else []
+            elif tok.type not in (tokenize.NL, tokenize.COMMENT):
+                if lines:
+                    runs.append((lines[0], len(lines)))
+                lines = []
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return runs
+
+
+def _unique(found: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    return sorted(set(found))

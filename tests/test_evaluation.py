@@ -156,3 +156,52 @@ def test_the_models_random_numbers_tell_nothing_of_the_probes_plan():
     bpb, causal = probe(forward, seq_len, batch_size)
     assert rebuilt and bpb < 6.0  # it did look ahead when scored
     assert causal is False
+
+
+def looks_ahead_when_scored(spoil):
+    """A model that looks one byte ahead in the scoring calls (the first n // seq_len // batch_size,
+    counted here in-process; the exported model tells them apart by the bytes it is shown) and
+    spoils every later call: the probe's calls, where the look ahead would show."""
+    import torch
+    import torch.nn.functional as F
+    sys.path.insert(0, str(ROOT))
+    import prepare
+    table = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
+    scoring_calls = prepare.EVAL_BYTES["cpu"] // 64 // 8
+    calls = []
+
+    def forward(idx):
+        calls.append(1)
+        logits = table[idx] + 30.0 * F.one_hot(torch.roll(idx, -1, 1), 256)
+        return logits if len(calls) <= scoring_calls else spoil(logits)
+    return forward
+
+
+def test_a_nan_or_an_infinity_anywhere_in_the_evaluation_refuses_the_model():
+    """max() skips a NaN and `nan > tolerance` is False: a probe that compared them passed a model
+    that looks ahead when scored and returns NaN (or +inf, whose losses are NaN) in the probe's calls."""
+    import pytest
+    import torch
+    sys.path.insert(0, str(ROOT))
+    import prepare
+
+    def nan_at_one_position(logits):
+        logits = logits.clone()
+        logits[0, 0, 0] = float("nan")  # the first row's first prediction: before every cut
+        return logits
+
+    spoils = [lambda l: l * float("nan"), lambda l: l + float("inf"), nan_at_one_position, lambda l: l - torch.inf]
+    for spoil in spoils:
+        with pytest.raises(prepare.NotFinite, match="non-finite logit .* in a probe call"):
+            probe(looks_ahead_when_scored(spoil))
+    # finite logits whose loss is not: the byte that comes is given -3e38, the others +3e38
+    overflow = lambda idx: 3e38 * (1 - 2 * torch.nn.functional.one_hot(torch.roll(idx, -1, 1), 256))  # noqa: E731
+    with pytest.raises(prepare.NotFinite, match="non-finite loss .* in a scoring call"):
+        probe(overflow)
+
+    def nan_in_the_padding(idx):  # the last group's unscored rows are copies of its first
+        logits = torch.zeros(*idx.shape, 256)
+        return logits.masked_fill((idx == idx[:1]).all(1)[:, None, None] & (torch.arange(len(idx)) > 0)[:, None, None],
+                                  float("nan"))
+    with pytest.raises(prepare.NotFinite, match="non-finite logit .* in a scoring call"):
+        probe(nan_in_the_padding, seq_len=64 * 3, batch_size=8)  # 171 windows: the last group has 3
