@@ -40,8 +40,10 @@ BUDGET_S = 120  # s, the run's time budget; the honest runs stop at MAX_STEPS lo
 
 
 def scored_bytes(worktree: Path) -> bytes:
-    """What the researcher reads from its worktree: the bytes a CPU evaluation scores."""
-    text = lzma.decompress((worktree / "data" / "shakespeare.txt.xz").read_bytes())
+    """The bytes a CPU evaluation scores, as an attacker who got them anyway would have them (the
+    researcher's worktree no longer holds the corpus: the bundled copy stands in for a leak)."""
+    corpus = Path(__file__).resolve().parents[2] / "data" / "shakespeare.txt.xz"
+    text = lzma.decompress(corpus.read_bytes())
     return text[-prepare.VAL_BYTES:][:prepare.EVAL_BYTES["cpu"] + 1]
 
 
