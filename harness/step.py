@@ -55,6 +55,7 @@ class Context:
     journal: str = "inflight.json"  # this worktree's in-flight journal (lanes have one per worktree)
     executor: Any = None  # where training runs (executors.Executor)
     cancel: threading.Event | None = None  # the run's stop: a researcher still thinking is cancelled
+    trusted: Any = None  # the run's baseline held by the supervisor (trust.Baseline); None = a throwaway run
 
 
 def now_iso() -> str:
@@ -133,8 +134,20 @@ def preflight(ctx: Context) -> str | None:
 
 def train(ctx: Context, commit: str, log_path: Path, seed: int, cancel: threading.Event | None = None,
           iteration: int | None = None) -> TrainResult:
-    """Train commit once on the run's executor (cancel set, or Ctrl-C while waiting = KeyboardInterrupt)."""
-    job = Job(ctx.cfg, commit, seed, log_path, iteration=iteration)
+    """Train commit once on the run's executor (cancel set, or Ctrl-C while waiting = KeyboardInterrupt).
+
+    The Job carries the run's trusted baseline from the supervisor's memory (ctx.trusted); a
+    trusted file changed since the last job (a researcher's doing) is restored and the job refused."""
+    fields = {}
+    if ctx.trusted is not None:
+        changed = ctx.trusted.restore_changed()
+        if changed:
+            reason = (f"the run's trusted state ({', '.join(changed)}) was changed behind the harness's back before "
+                      f"this job; refused by the trusted run state check, and restored from the supervisor's memory")
+            log_path.write_text(reason + "\n")
+            return TrainResult("invalid", reason=reason)
+        fields = ctx.trusted.job_fields(commit)
+    job = Job(ctx.cfg, commit, seed, log_path, iteration=iteration, **fields)
     if cancel is not None:
         job.cancel.follow(cancel)
     return ctx.executor.run(job)
