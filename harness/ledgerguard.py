@@ -190,7 +190,10 @@ def _record(run_dir: Path) -> dict[str, list[str | None]] | None:
 
 
 def _save_record(run_dir: Path, name: str, hashes: list[str | None]) -> None:
-    data = _record(run_dir) or {}
+    try:
+        data = _record(run_dir) or {}
+    except RepoError:  # unreadable: started again (the supervisor restores every file it holds)
+        data = {}
     data[name] = hashes
     tmp = run_dir / (RECORD + ".tmp")
     with open(tmp, "w") as f:
@@ -211,6 +214,16 @@ def write_trusted(path: Path, data: bytes) -> None:
         _save_record(path.parent, path.name, [None if old is None else _digest(old), _digest(data)])
         _replace(path, data)
         _save_record(path.parent, path.name, [_digest(data)])
+
+
+def recorded(path: Path, data: bytes) -> bool:
+    """Does the record accept data as path's content? (False for an unreadable record.)"""
+    with _RECORD_LOCK:
+        try:
+            hashes = (_record(Path(path).parent) or {}).get(Path(path).name) or []
+        except RepoError:
+            return False
+    return _digest(data) in hashes
 
 
 def read_trusted(path: Path) -> bytes | None:

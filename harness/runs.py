@@ -148,7 +148,8 @@ def trusted_baseline(cfg: RunConfig, wt: Worktree, base: str, manifest: dict[str
     if not isinstance(hashes, dict) or not base:
         raise RepoError(f"{cfg.run_dir / 'run.json'} names no baseline commit or protected files' hashes (a run "
                         f"from an older harness); start a new run from it: harness run --tag NEW --from {cfg.branch}")
-    problem = trust.baseline_problem(wt.repo, base, cfg.branch, hashes, cfg.protected)
+    problem = trust.baseline_problem(wt.repo, base, cfg.branch, hashes, cfg.protected,
+                                     what=f"the run branch {cfg.branch}")
     if problem:
         raise RepoError(f"refusing to resume: {problem}. The run's trusted state does not match its branch "
                         f"{cfg.branch}; start a new run from it: harness run --tag NEW --from {cfg.branch}")

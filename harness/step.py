@@ -138,16 +138,11 @@ def train(ctx: Context, commit: str, log_path: Path, seed: int, cancel: threadin
 
     The Job carries the run's trusted baseline from the supervisor's memory (ctx.trusted); a
     trusted file changed since the last job (a researcher's doing) is restored and the job refused."""
-    fields = {}
-    if ctx.trusted is not None:
-        changed = ctx.trusted.restore_changed()
-        if changed:
-            reason = (f"the run's trusted state ({', '.join(changed)}) was changed behind the harness's back before "
-                      f"this job; refused by the trusted run state check, and restored from the supervisor's memory")
-            log_path.write_text(reason + "\n")
-            return TrainResult("invalid", reason=reason)
-        fields = ctx.trusted.job_fields(commit)
-    job = Job(ctx.cfg, commit, seed, log_path, iteration=iteration, **fields)
+    refused = ctx.trusted.refused(log_path) if ctx.trusted is not None else None
+    if refused is not None:
+        return refused
+    job = Job(ctx.cfg, commit, seed, log_path, iteration=iteration,
+              **(ctx.trusted.job_fields(commit) if ctx.trusted is not None else {}))
     if cancel is not None:
         job.cancel.follow(cancel)
     return ctx.executor.run(job)

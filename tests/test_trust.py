@@ -158,3 +158,21 @@ def test_a_job_is_judged_by_the_allowance_it_carries_not_by_startup_json(repo: P
     unjudged = train_once(cfg, repo, tmp_path / "base.log", 1,  # a baseline run (allowance None) is not judged
                           trusted={"baseline": base, "protected_sha256": hashes, "allowance_s": None})
     assert unjudged.status == "ok"
+
+
+def test_the_supervisor_restores_a_trusted_file_or_its_record_changed_behind_its_back(tmp_path: Path):
+    held = trust.Baseline("a" * 40, {}, budget.DEFAULT_ALLOWANCE_S)
+    for name in ("run.json", "startup.json"):
+        ledgerguard.write_trusted(tmp_path / name, f"{name} as written\n".encode())
+        held.hold(tmp_path / name)
+    assert held.restore_changed() == [] and held.refused(tmp_path / "job.log") is None
+    (tmp_path / "run.json").write_text('{"baseline_commit": "forged"}')
+    refused = held.refused(tmp_path / "job.log")
+    assert refused.status == "invalid" and "(run.json) was changed" in refused.reason
+    assert "refused by the trusted run state check" in (tmp_path / "job.log").read_text()
+    (tmp_path / ledgerguard.RECORD).write_text("not json")  # the record alone: every file it held restored
+    assert held.restore_changed() == ["run.json", "startup.json"]
+    for name in ("run.json", "startup.json"):
+        assert ledgerguard.read_trusted(tmp_path / name) == f"{name} as written\n".encode()
+    kinds = [e["kind"] for e in events.read(tmp_path)[0]]
+    assert kinds.count("trusted_state_restored") == 3

@@ -132,13 +132,13 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
     (the tracker's HARNESS_RUN, HARNESS_ITERATION, HARNESS_COMMIT); baseline, protected_sha256,
     allowance_s: the run's trusted baseline as the Job carries it (executors/base.py)."""
     worktree = Path(worktree)
+    base = baseline_commit(cfg, worktree, baseline, protected_sha256 or {})
+    if isinstance(base, TrainResult):
+        return base
     result_file = log_path.with_suffix(".result.json")
     where = state_dir(cfg, log_path)
     choice = choose(cfg, where)
     space = fresh_space(log_path)
-    base = baseline_commit(cfg, worktree, baseline, protected_sha256 or {})
-    if isinstance(base, TrainResult):
-        return base
     extra = {"HARNESS_TIME_BUDGET": f"{cfg.time_budget:g}", "HARNESS_SEED": str(seed),
              "HARNESS_RESULT_FILE": str(result_file)}
     if cfg.evaluate_command:  # where the job leaves what the evaluation scores

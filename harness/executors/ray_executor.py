@@ -2,8 +2,10 @@
 
 The supervisor, the researchers, git, the ledger and every decision stay on this machine; only
 training moves. A job travels as code: a `git archive` of the commit's editable and protected
-files, put in Ray's object store and unpacked on the worker (ray_worker.py), where the local
-executor's `train_once` runs under a supervisor of its own. The log comes back as it is written
+files, with one of its baseline's protected files (checked here against the run's history and
+the recorded hashes first), put in Ray's object store and unpacked on the worker
+(ray_worker.py), where the local executor's `train_once` runs under a supervisor of its own and
+judges the job by the trusted figures the Job carries (the start-up allowance, the hashes). The log comes back as it is written
 (the task is a streaming generator) into the run's `logs/` path, so `harness status` and the log
 files look as in a local run.
 
@@ -217,13 +219,12 @@ class RayExecutor(ThreadedExecutor):
 
     def _attempt(self, job: Job, cfg_ship: Any, data: tuple[Any, Any], node_id: str | None,
                  attempt: int) -> TrainResult:
-        """One task: the job's files and its baseline's (data), and in the spec the run's trusted
-        figures (executors/base.Job), which the worker judges by as the local executor does."""
+        """One task: the job's files and its baseline's protected files (data), and in the spec the
+        run's trusted figures (executors/base.Job), which the worker judges by as a local job is."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
         token = uuid.uuid4().hex
         spec = {"token": token, "seed": job.seed, "iteration": job.iteration, "commit": job.commit,
-                "baseline": job.baseline, "protected_sha256": dict(job.protected_sha256),
-                "allowance_s": job.allowance_s}
+                "protected_sha256": dict(job.protected_sha256), "allowance_s": job.allowance_s}
         opts = ray_options(self.resources)
         if node_id is not None:
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
