@@ -21,6 +21,7 @@ from harness.config import resolve  # noqa: E402
 from harness.executors import Job  # noqa: E402
 from harness.executors.ray_executor import RayExecutor  # noqa: E402
 from harness.gitgate import GitGate  # noqa: E402
+from harness.initrepo import init_example  # noqa: E402
 
 from conftest import ScriptedResearcher, git, make_repo, set_globals  # noqa: E402
 from raycluster import LocalCluster  # noqa: E402
@@ -97,3 +98,31 @@ def test_a_job_whose_baseline_is_not_the_runs_is_refused_before_it_ships(tmp_pat
         assert honest.status == "ok" and "/" in honest.node, honest
     finally:
         executor.close()
+
+
+EVALUATES_ITSELF = ('import json as _j, os as _o, sys as _s\n'  # a candidate's prepare.py that scores itself
+                    'if "--evaluate" in _s.argv:\n'
+                    '    _j.dump({"val_bpb": 0.0001}, open(_o.environ["HARNESS_RESULT_FILE"], "w"))\n'
+                    '    _s.exit(0)\n')
+
+
+def test_on_a_worker_the_evaluation_runs_from_the_baselines_protected_files(tmp_path: Path, cluster):
+    """A job whose commit carries a prepare.py that would score it 0.0001 is scored by the
+    baseline's prepare.py on the worker (shipped and checked by hash), as it is locally."""
+    repo = init_example(tmp_path / "example")  # the bundled workload: a separate, sandboxed evaluation
+    cfg = resolve(repo, "eval", ray_settings(cluster, time_budget=4, max_steps=3, sandbox="auto"))
+    base = git(repo, "rev-parse", "HEAD")
+    (repo / "prepare.py").write_text(EVALUATES_ITSELF + (repo / "prepare.py").read_text())
+    git(repo, "commit", "-qam", "a prepare.py that scores itself")
+    candidate = git(repo, "rev-parse", "HEAD")
+    with GitGate(repo).worktree(repo) as wt:
+        hashes = trust.protected_sha256(wt.repo, base, cfg.protected)
+    cfg.logs_dir.mkdir(parents=True)
+    executor = RayExecutor(repo, cfg.run_dir, cluster["address"], {"CPU": 1}, 1)
+    try:
+        result = executor.run(Job(cfg, candidate, 1, cfg.logs_dir / "job.log", baseline=base,
+                                  protected_sha256=hashes, allowance_s=None))
+    finally:
+        executor.close()
+    assert result.status == "ok" and result.sealed and "/" in result.node, result
+    assert result.value("val_bpb") > 1.0  # the baseline's evaluation, not the candidate's 0.0001
