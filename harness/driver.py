@@ -203,7 +203,7 @@ class RunDriver:
         for s in "ab"[: 2 if self.pipelined else 1]:
             wt = gate.detached_worktree(cfg.run_dir / "lanes" / f"{i}{s}", self.state.best_commit)
             slots.append(Context(cfg, wt, self.guarded, self.ctx.program_text, journal=f"inflight-{i}{s}.json",
-                                 executor=self.executor, cancel=self.cancel))
+                                 executor=self.executor, cancel=self.cancel, trusted=self.ctx.trusted))
         return Lane(i, slots)
 
     def progress(self, event: str, data: dict[str, Any]) -> None:

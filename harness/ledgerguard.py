@@ -12,16 +12,20 @@ append and every iteration, and on resume) compares the ledger with that record:
 
 A failed write (disk full) rolls both files back to their last good size and raises
 LedgerError, so nothing already recorded is lost and no half row stays behind.
+
+The run's other trusted files (run.json, startup.json) have a record too (`write_trusted`,
+`read_trusted`): their sha256 as the harness wrote them, checked on every read.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
 
 from . import events, faults
-from .errors import LedgerError
+from .errors import LedgerError, RepoError
 
 
 def shadow_path(path: Path) -> Path:
@@ -161,3 +165,86 @@ def append(path: Path, data: bytes, current: bytes) -> None:
                 pass
         raise LedgerError(f"could not write a row to {path}: {e}. Nothing recorded before was lost. "
                           f"Free disk space (or fix the file system), then continue with --resume.") from e
+
+
+# ---------------------------------------------------------------------------
+# The run's other trusted files (run.json, startup.json): written by the harness only, checked on
+# every read against the sha256 the harness recorded when it wrote them.
+
+RECORD = ".trusted.json"  # in the run folder: {file name: [sha256 it may have]}
+_RECORD_LOCK = threading.Lock()  # two threads recording at once would lose one's entry
+
+
+def _record(run_dir: Path) -> dict[str, list[str | None]] | None:
+    try:
+        data = json.loads((run_dir / RECORD).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        data = None
+    if not isinstance(data, dict):
+        raise RepoError(f"{run_dir / RECORD}, the harness's record of its own files, is unreadable, so "
+                        f"run.json and startup.json cannot be trusted. Start a new run from the run's branch "
+                        f"(harness run --tag NEW --from <its branch>).")
+    return data
+
+
+def _save_record(run_dir: Path, name: str, hashes: list[str | None]) -> None:
+    try:
+        data = _record(run_dir) or {}
+    except RepoError:  # unreadable: started again (the supervisor restores every file it holds)
+        data = {}
+    data[name] = hashes
+    tmp = run_dir / (RECORD + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(data))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, run_dir / RECORD)
+
+
+def write_trusted(path: Path, data: bytes) -> None:
+    """Write a file of the run's trusted state (write-and-rename, fsynced) and record its sha256.
+
+    The record names the old and the new hash while the file is replaced, then the new one only:
+    a kill at any point leaves a file the record accepts."""
+    path = Path(path)
+    with _RECORD_LOCK:
+        old = _read(path)
+        _save_record(path.parent, path.name, [None if old is None else _digest(old), _digest(data)])
+        _replace(path, data)
+        _save_record(path.parent, path.name, [_digest(data)])
+
+
+def recorded(path: Path, data: bytes) -> bool:
+    """Does the record accept data as path's content? (False for an unreadable record.)"""
+    with _RECORD_LOCK:
+        try:
+            hashes = (_record(Path(path).parent) or {}).get(Path(path).name) or []
+        except RepoError:
+            return False
+    return _digest(data) in hashes
+
+
+def read_trusted(path: Path) -> bytes | None:
+    """A trusted file's bytes, checked against the record: None when the harness never wrote it.
+
+    Raises RepoError when it is missing, changed, or there without a record: a job or a researcher
+    that rewrote the run's baseline, allowance or settings is refused, never believed."""
+    path = Path(path)
+    with _RECORD_LOCK:
+        record = _record(path.parent) or {}
+        data = _read(path)
+    hashes = record.get(path.name)
+    if hashes is None and data is None:
+        return None
+    digest = None if data is None else _digest(data)
+    if hashes is not None and digest in hashes:
+        return data
+    what = ("is missing" if data is None else "was changed after the harness wrote it" if hashes is not None
+            else "has no record of the harness having written it")
+    events.record(path.parent, "trusted_state_refused", f"{path.name} {what}")
+    raise RepoError(f"{path} {what} ({RECORD} holds the sha256 of what the harness wrote). It is the run's "
+                    f"trusted state (the baseline commit, the start-up allowance, the measured settings), so "
+                    f"the run cannot go on from it. Restore the file from a backup, or start a new run from "
+                    f"the run's branch: harness run --tag NEW --from <its branch>.")

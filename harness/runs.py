@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import statistics
 import subprocess
@@ -24,9 +23,10 @@ from . import __version__, decide, events, figures, ledger, ledgerguard, pricing
 from .agents import Researcher, make_researcher, routing_mismatch
 from .config import RunConfig, compare_resume, refusal_message
 from .errors import RepoError
-from .executors import sandbox, uvenv
-from .gitgate import GitGate, sha256_file
+from .executors import budget, sandbox, uvenv
+from .gitgate import GitGate, Worktree, sha256_file
 from .ledger import Row
+from .runner import TrainResult
 from .step import (INTERRUPTED, Candidate, Context, RunState, conflict_row, judge_candidate, memory_gb,
                    now_iso, pending, rebased, rel, repeat_row, train, write_journal)
 
@@ -103,7 +103,8 @@ def device_name() -> str:
     return f"cpu ({platform.machine()})"
 
 
-def write_manifest(cfg: RunConfig, researcher: Researcher, base: str, program: str) -> None:
+def write_manifest(cfg: RunConfig, researcher: Researcher, base: str, program: str,
+                   protected_sha256: dict[str, str]) -> None:
     uv_env = uvenv.venv_path(cfg.run_dir, cfg.worktree) if uvenv.is_uv(cfg.train_command) else None
     training = trainenv.versions(cfg.train_command, cfg.worktree, uv_env)  # the job's interpreter, not ours
     manifest = {
@@ -116,32 +117,59 @@ def write_manifest(cfg: RunConfig, researcher: Researcher, base: str, program: s
         "program_sha256": hashlib.sha256(program.encode()).hexdigest(),
         "sandbox": sandbox.resolve(cfg.sandbox).mode,  # issue 13: what runs the jobs (bwrap | off)
         "sandbox_caps": sandbox.capabilities(cfg.sandbox),  # read inside the sandbox: CapEff 0 ... ({} = off)
+        "protected_sha256": protected_sha256,  # the baseline's protected files: every evaluation checks them
     }
-    write_json(cfg.run_dir / "run.json", manifest)
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write-and-rename, fsynced: a kill leaves the old file or the new one, never half of one."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(data, indent=2) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    ledgerguard.write_trusted(cfg.run_dir / "run.json", (json.dumps(manifest, indent=2) + "\n").encode())
 
 
 def read_manifest(cfg: RunConfig) -> dict[str, Any]:
+    """The run's manifest on --resume, as the harness wrote it (ledgerguard's record), or RepoError."""
     path = cfg.run_dir / "run.json"
-    if not path.exists():
-        return {}
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise RepoError(f"{path} is missing. It is the run's manifest (its baseline commit and measured "
+                        f"settings): restore it from a backup, or start a new run from the run's branch "
+                        f"(harness run --tag NEW --from {cfg.branch}).") from None
     except (OSError, ValueError) as e:
         raise RepoError(f"{path} is unreadable ({e}). It is the run's manifest: restore it from a backup, "
-                        f"or move it aside and resume with --from <the baseline commit> --force.") from None
+                        f"or start a new run from the run's branch (harness run --tag NEW --from {cfg.branch})."
+                        ) from None
     if not isinstance(data, dict):
         raise RepoError(f"{path} is not a JSON object; restore the run's manifest or move it aside.")
+    ledgerguard.read_trusted(path)  # changed, or never written by the harness: refused
     return data
+
+
+def trusted_baseline(cfg: RunConfig, wt: Worktree, base: str, manifest: dict[str, Any] | None) -> trust.Baseline:
+    """The baseline the supervisor holds for the run: decided now (manifest None, a new run), or on
+    --resume from the verified manifest and startup.json, checked against git (RepoError)."""
+    if manifest is None:
+        return trust.Baseline(base, trust.protected_sha256(wt.repo, base, cfg.protected), budget.DEFAULT_ALLOWANCE_S)
+    hashes = manifest.get("protected_sha256")
+    if not isinstance(hashes, dict) or not base:
+        raise RepoError(f"{cfg.run_dir / 'run.json'} names no baseline commit or protected files' hashes (a run "
+                        f"from an older harness); start a new run from it: harness run --tag NEW --from {cfg.branch}")
+    problem = trust.baseline_problem(wt.repo, base, cfg.branch, hashes, cfg.protected,
+                                     what=f"the run branch {cfg.branch}")
+    if problem:
+        raise RepoError(f"refusing to resume: {problem}. The run's trusted state does not match its branch "
+                        f"{cfg.branch}; start a new run from it: harness run --tag NEW --from {cfg.branch}")
+    state = trust.Baseline(base, hashes, budget.DEFAULT_ALLOWANCE_S, budget.allowance(cfg.run_dir, base))
+    measured = any(r.get("iteration") == 0 and r.get("status") == "keep" for r in ledger.read_rows(cfg.ledger_path))
+    if measured and state.allowance_s is None:
+        raise RepoError(f"{cfg.run_dir / budget.FILE} (the start-up allowance measured on the baseline) is missing "
+                        f"though the baseline was measured; restore it, or start a new run from the run's branch: "
+                        f"harness run --tag NEW --from {cfg.branch}")
+    return state
+
+
+def calibrate(ctx: Context, result: TrainResult) -> None:
+    """A baseline run's result, back from its executor: the supervisor measures the allowance on it."""
+    if result.status == "ok" and ctx.trusted is not None:
+        ctx.trusted.allowance_s = budget.calibrate(ctx.cfg.run_dir, ctx.trusted.commit, result.train_s,
+                                                   budget.reported_seconds(result.metrics), ctx.cfg.time_budget)
+        ctx.trusted.hold(ctx.cfg.run_dir / budget.FILE)
 
 
 def link_results(cfg: RunConfig) -> None:
@@ -168,11 +196,13 @@ def baseline(ctx: Context, state: RunState, progress: Progress) -> None:
     log = cfg.logs_dir / "iter-0000.log"
     started_at, t0 = now_iso(), time.monotonic()
     result = train(ctx, base, log, cfg.seed, iteration=0)
+    calibrate(ctx, result)
     model = pricing.resolve_model(cfg.model) or ""
     repeats, values = [], [result.value(cfg.metric)]
     for j in range(1, cfg.baseline_runs if result.status == "ok" else 1):
         log_j = cfg.logs_dir / f"iter-0000-r{j}.log"
         rerun = train(ctx, base, log_j, cfg.seed + j, iteration=0)
+        calibrate(ctx, rerun)
         repeats.append(repeat_row(cfg, rerun, 0, base, cfg.seed + j, log_j, ctx.researcher.name, model))
         if rerun.status != "ok":
             result, log = rerun, log_j
@@ -307,7 +337,7 @@ def open_run(cfg: RunConfig, resume: bool, progress: Progress = no_progress,
     if resume:
         gate.attach_worktree(cfg.worktree, cfg.branch)
         manifest = read_manifest(cfg)
-        base = manifest.get("baseline_commit", base)
+        base = str(manifest.get("baseline_commit") or "")
         changed = routing_mismatch(manifest, researcher.name, pricing.resolve_model(cfg.model),
                                    researcher.describe())
         if changed and not cfg.agent_options.get("force"):
@@ -322,11 +352,16 @@ def open_run(cfg: RunConfig, resume: bool, progress: Progress = no_progress,
         if cfg.worktree.exists() or cfg.ledger_path.exists():
             raise RepoError(f"{cfg.run_dir} already holds a run; choose another --tag or remove it.")
         base = gate.create_worktree(cfg.worktree, cfg.branch, cfg.from_rev)
+        manifest = None
+    wt = gate.worktree(cfg.worktree)
+    trusted = trusted_baseline(cfg, wt, base, manifest)
     program = program_text(cfg, gate, base)
     if not resume:
-        write_manifest(cfg, researcher, base, program)
+        write_manifest(cfg, researcher, base, program, trusted.protected_sha256)
+    for name in ("run.json", budget.FILE):
+        trusted.hold(cfg.run_dir / name)
     link_results(cfg)
-    ctx = Context(cfg, gate.worktree(cfg.worktree), researcher, program, executor=executor)
+    ctx = Context(cfg, wt, researcher, program, executor=executor, trusted=trusted)
     state = reconcile(ctx, base, verify=True) if resume else None
     return ctx, state
 

@@ -55,6 +55,7 @@ class Context:
     journal: str = "inflight.json"  # this worktree's in-flight journal (lanes have one per worktree)
     executor: Any = None  # where training runs (executors.Executor)
     cancel: threading.Event | None = None  # the run's stop: a researcher still thinking is cancelled
+    trusted: Any = None  # the run's baseline held by the supervisor (trust.Baseline); None = a throwaway run
 
 
 def now_iso() -> str:
@@ -133,8 +134,15 @@ def preflight(ctx: Context) -> str | None:
 
 def train(ctx: Context, commit: str, log_path: Path, seed: int, cancel: threading.Event | None = None,
           iteration: int | None = None) -> TrainResult:
-    """Train commit once on the run's executor (cancel set, or Ctrl-C while waiting = KeyboardInterrupt)."""
-    job = Job(ctx.cfg, commit, seed, log_path, iteration=iteration)
+    """Train commit once on the run's executor (cancel set, or Ctrl-C while waiting = KeyboardInterrupt).
+
+    The Job carries the run's trusted baseline from the supervisor's memory (ctx.trusted); a
+    trusted file changed since the last job (a researcher's doing) is restored and the job refused."""
+    refused = ctx.trusted.refused(log_path) if ctx.trusted is not None else None
+    if refused is not None:
+        return refused
+    job = Job(ctx.cfg, commit, seed, log_path, iteration=iteration,
+              **(ctx.trusted.job_fields(commit) if ctx.trusted is not None else {}))
     if cancel is not None:
         job.cancel.follow(cancel)
     return ctx.executor.run(job)

@@ -1,4 +1,12 @@
-"""On --resume, the best comes from the run branch checked against the ledger, never a row alone.
+"""What the supervisor trusts: the run's baseline, and on --resume the best from the branch.
+
+The baseline (its commit, the sha256 of its protected files, the start-up allowance measured on
+it) is decided once by the supervisor and held in memory (`Baseline`, on the run's Context);
+every training job gets it in its Job, so no executor reads it from a file a job or a researcher
+could reach. Before an evaluation runs, `baseline_problem` checks that the commit is the run's
+(an ancestor of the job's commit) and that its protected files are those recorded at the start.
+
+On --resume, the best comes from the run branch checked against the ledger, never a row alone.
 
 The run branch only ever advances to a commit the harness kept, so its first-parent history
 from the baseline is the list of kept commits. The ledger's `keep` rows must name exactly
@@ -13,11 +21,101 @@ yet reset): reconcile resets the branch to the best, so they are never trusted e
 """
 from __future__ import annotations
 
+import hashlib
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import events
+import git
+
+from . import events, ledgerguard
 from .errors import RepoError
+from .runner import TrainResult
+
+
+@dataclass
+class Baseline:
+    """The run's trusted baseline, held by the supervisor; jobs get it in their Job."""
+    commit: str
+    protected_sha256: dict[str, str]  # every file under the protected paths at commit
+    default_allowance_s: float  # s, for a job judged before a baseline run measured one (budget.py)
+    allowance_s: float | None = None  # s, the start-up allowance once a baseline run measured it
+    files: dict[Path, bytes] = field(default_factory=dict, repr=False)  # run.json, startup.json as written
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # lanes check at once: one restores
+
+    def hold(self, path: Path) -> None:
+        """Remember a trusted file's bytes (checked against its record): what it must still hold."""
+        data = ledgerguard.read_trusted(path)
+        if data is not None:
+            with self.lock:
+                self.files[Path(path)] = data
+
+    def restore_changed(self) -> list[str]:
+        """The trusted files changed or deleted behind the supervisor's back, each restored from
+        its memory (an event each): a researcher's edit of them never lasts."""
+        changed = []
+        with self.lock:  # two lanes building jobs at once: the first restores, the second finds it so
+            for path, data in self.files.items():
+                try:
+                    same = path.read_bytes() == data and ledgerguard.recorded(path, data)
+                except OSError:
+                    same = False
+                if not same:  # the file, or the record of it
+                    ledgerguard.write_trusted(path, data)
+                    events.record(path.parent, "trusted_state_restored", f"{path.name} was changed or deleted "
+                                  f"behind the harness's back; restored from the supervisor's memory")
+                    changed.append(path.name)
+        return changed
+
+    def refused(self, log_path: Path) -> TrainResult | None:
+        """The `invalid` result of a job about to be built after a trusted file was changed (now
+        restored), its reason also in its log; None when nothing changed."""
+        changed = self.restore_changed()
+        if not changed:
+            return None
+        reason = (f"the run's trusted state ({', '.join(changed)}) was changed behind the harness's back before "
+                  f"this job; refused by the trusted run state check, and restored from the supervisor's memory")
+        log_path.write_text(reason + "\n")
+        return TrainResult("invalid", reason=reason)
+
+    def job_fields(self, commit: str) -> dict[str, Any]:
+        """What a job of commit is handed: the baseline's own runs are not judged (allowance None)."""
+        own = _same(commit, self.commit)
+        allowance = None if own else (self.allowance_s if self.allowance_s is not None else self.default_allowance_s)
+        return {"baseline": self.commit, "protected_sha256": dict(self.protected_sha256), "allowance_s": allowance}
+
+
+def protected_sha256(repo: git.Repo, commit: str, protected: tuple[str, ...]) -> dict[str, str]:
+    """sha256 of every file under the protected paths as committed at commit (git's objects)."""
+    tree, out = repo.commit(commit).tree, {}
+    for path in protected:
+        try:
+            item = tree / path
+        except KeyError:
+            continue
+        for blob in [item] if item.type == "blob" else [b for b in item.traverse() if b.type == "blob"]:
+            out[blob.path] = hashlib.sha256(blob.data_stream.read()).hexdigest()
+    return out
+
+
+def baseline_problem(repo: git.Repo, baseline: str, head: str, recorded: dict[str, str],
+                     protected: tuple[str, ...], what: str = "") -> str | None:
+    """Why baseline cannot be the evaluation's (None: it can): it must be an ancestor of head (the
+    job's commit, or what names it), and its protected files must hash to those recorded at the
+    run's start."""
+    what = what or f"the job's commit {head[:12]}"
+    try:
+        if not repo.is_ancestor(baseline, head):
+            return f"the baseline commit {baseline[:12]} is not an ancestor of {what}"
+        have = protected_sha256(repo, baseline, protected)
+    except (git.GitCommandError, git.BadName, git.BadObject, ValueError) as e:
+        return f"the baseline commit {baseline[:12]} cannot be read ({str(e).strip()[:200]})"
+    changed = sorted(p for p in {*have, *recorded} if have.get(p) != recorded.get(p))
+    if changed:
+        return (f"the protected files of the baseline commit {baseline[:12]} are not those recorded at the "
+                f"run's start ({', '.join(changed[:5])})")
+    return None
 
 
 def _same(a: str, b: str) -> bool:

@@ -5,11 +5,11 @@ from harness.executors import budget
 
 
 def test_calibration_takes_the_slowest_baseline_start_up(tmp_path):
-    assert budget.allowance(tmp_path) == budget.DEFAULT_ALLOWANCE_S  # nothing measured yet
+    assert budget.allowance(tmp_path, "abc") is None  # nothing measured yet
     budget.calibrate(tmp_path, "abc", wall_s=14.0, reported_train_s=10.0, time_budget_s=10)
     allowance = budget.calibrate(tmp_path, "abc", wall_s=16.0, reported_train_s=10.0, time_budget_s=10)
     assert allowance == 6.0 * budget.ALLOWANCE_FACTOR + budget.ALLOWANCE_EXTRA_S
-    assert budget.allowance(tmp_path) == allowance
+    assert budget.allowance(tmp_path, "abc") == allowance
     # a new baseline commit starts over
     assert budget.calibrate(tmp_path, "def", 11.0, 10.0, 10) == 1.0 * budget.ALLOWANCE_FACTOR + budget.ALLOWANCE_EXTRA_S
     # a workload that reports no training time: what ran past the budget is start-up

@@ -1,7 +1,8 @@
 """The executor interface: submit(job) -> future, in the shape of concurrent.futures.
 
 A Job names a commit, not a path, so the same candidate can train on this machine or on a
-cluster node. The future's result() is a TrainResult; cancel() stops a job that waits for a
+cluster node; it carries the run's trusted baseline (commit, protected files' hashes, start-up
+allowance), so every executor judges a job by the same figures, held by the supervisor. The future's result() is a TrainResult; cancel() stops a job that waits for a
 slot or is running (its process group is killed); a cancelled running job's result() raises
 KeyboardInterrupt, as an interrupted training does.
 """
@@ -42,6 +43,10 @@ class Job:
     log_path: Path  # the job's whole output
     iteration: int | None = None  # the ledger's iteration it trains for (HARNESS_ITERATION), if any
     cancel: Cancel = field(default_factory=Cancel)
+    # The run's trusted baseline, from the supervisor's memory (trust.Baseline), never from a file:
+    baseline: str = ""  # the commit whose protected files evaluate the job ("" = a throwaway run's: its own)
+    protected_sha256: dict[str, str] = field(default_factory=dict)  # those files' sha256, recorded at the start
+    allowance_s: float | None = None  # s, the start-up allowance it is judged by; None = not judged (a baseline run)
 
     @property
     def name(self) -> str:

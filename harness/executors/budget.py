@@ -6,21 +6,26 @@ calibrated on the baseline's runs: their wall time minus the training time they 
 (the baseline is the user's own committed code, so its figure is trusted there and only there).
 A candidate may run for budget + slack + allowance; beyond that it is `invalid`, with a message
 that tells a slow machine (the last step ran past the slack) from code that ignores the budget.
-The hard deadline (kill_after) is enforced by the runner as before.
+The hard deadline (kill_after) is enforced by the runner as before. The supervisor calibrates
+(runs.calibrate, on the results its executor brought back) and hands the allowance to every
+other job in its Job: a job, local or on a Ray worker, never reads startup.json.
 """
 from __future__ import annotations
 
 import json
-import os
+import math
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-FILE = "startup.json"  # in the run folder: the calibration, never visible to a job
+from .. import ledgerguard
+from ..errors import RepoError
+
+FILE = "startup.json"  # in the run folder: the calibration, never visible to a job, checked on every read
 SLACK_FRACTION = 0.05  # of the budget: the step that was running when the budget ran out
 ALLOWANCE_FACTOR = 1.5  # the baseline's start-up time, times this ...
 ALLOWANCE_EXTRA_S = 2.0  # ... plus this many seconds: start-up varies from run to run
-DEFAULT_ALLOWANCE_S = 60.0  # s, before any baseline run was measured (an old run folder)
+DEFAULT_ALLOWANCE_S = 60.0  # s, for a job judged before any baseline run of its commit was measured
 IGNORES_FRACTION = 0.25  # over the budget by more than this fraction: not one slow step
 _LOCK = threading.Lock()  # baseline runs on several slots at once calibrate one file
 
@@ -40,7 +45,8 @@ def startup_s(wall_s: float, reported_train_s: float | None, time_budget_s: floa
 
 def calibrate(state_dir: Path, commit: str, wall_s: float, reported_train_s: float | None,
               time_budget_s: float) -> float:
-    """Record one baseline run; the allowance is taken from the slowest start-up seen."""
+    """Record one baseline run (the supervisor's, on the result a job brought back); the allowance
+    is taken from the slowest start-up seen. startup.json is a trusted file (ledgerguard)."""
     path = Path(state_dir) / FILE
     with _LOCK:
         data = read(state_dir) or {}
@@ -49,9 +55,7 @@ def calibrate(state_dir: Path, commit: str, wall_s: float, reported_train_s: flo
         data["startup_s"] = data["startup_s"] + [round(startup_s(wall_s, reported_train_s, time_budget_s), 3)]
         data["allowance_s"] = allowance_of(data["startup_s"])
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data) + "\n")
-        os.replace(tmp, path)
+        ledgerguard.write_trusted(path, (json.dumps(data) + "\n").encode())
     return data["allowance_s"]
 
 
@@ -60,16 +64,33 @@ def allowance_of(startups_s: list[float]) -> float:
 
 
 def read(state_dir: Path) -> dict | None:
-    try:
-        data = json.loads((Path(state_dir) / FILE).read_text())
-    except (OSError, ValueError):
+    """The calibration, checked against the harness's record (RepoError when changed or deleted);
+    None when no baseline run was measured yet."""
+    path = Path(state_dir) / FILE
+    raw = ledgerguard.read_trusted(path)
+    if raw is None:
         return None
-    return data if isinstance(data, dict) and isinstance(data.get("startup_s"), list) else None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if not (isinstance(data, dict) and isinstance(data.get("startup_s"), list)
+            and isinstance(data.get("allowance_s"), (int, float))):
+        raise RepoError(f"{path} is not a calibration the harness wrote; restore it from a backup, or start a "
+                        f"new run from the run's branch (harness run --tag NEW --from <its branch>).")
+    return data
 
 
-def allowance(state_dir: Path) -> float:
+def allowance(state_dir: Path, commit: str) -> float | None:
+    """The allowance measured on commit's runs, None when none was measured (raises as read)."""
     data = read(state_dir)
-    return float(data["allowance_s"]) if data else DEFAULT_ALLOWANCE_S
+    return float(data["allowance_s"]) if data and data.get("commit") == commit else None
+
+
+def reported_seconds(metrics: dict) -> float | None:
+    """The training time a job printed (a log, believed for the baseline's calibration only)."""
+    value = metrics.get("training_seconds")
+    return value if isinstance(value, float) and math.isfinite(value) else None
 
 
 def judge(wall_s: float, time_budget_s: float, allowance_s: float, reported_train_s: float | None) -> Verdict:

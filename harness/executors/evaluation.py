@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from .. import events, guard, seal
+from .. import events, guard, seal, trust
 from ..config import RunConfig
 from ..gitgate import Worktree
 from ..runner import TrainResult, run_training, tail, training_env
@@ -75,12 +75,21 @@ def state_dir(cfg: RunConfig, log_path: Path) -> Path:
     return cfg.run_dir if cfg.run_dir.exists() else log_path.parent
 
 
-def baseline_commit(cfg: RunConfig, worktree: Path) -> str:
-    try:
-        return json.loads((cfg.run_dir / "run.json").read_text())["baseline_commit"]
-    except (OSError, ValueError, KeyError):
-        with Worktree(worktree) as wt:
-            return wt.head()  # a throwaway run: HEAD is the baseline
+def baseline_commit(cfg: RunConfig, worktree: Path, baseline: str,
+                    protected_sha256: dict[str, str]) -> str | TrainResult:
+    """The commit whose protected files evaluate this job: the run's baseline as the supervisor
+    holds it (never a file the job or the researcher could write), checked (trust.py) to be an
+    ancestor of the job's commit with the protected files recorded at the start; a mismatch is
+    an `invalid` result. A throwaway run (`harness check`, baseline "") is its own baseline."""
+    with Worktree(worktree) as wt:
+        head = wt.head()
+        if not baseline:
+            return head
+        problem = trust.baseline_problem(wt.repo, baseline, head, protected_sha256, cfg.protected)
+    if problem:
+        return TrainResult("invalid", reason=f"{problem}: refused by the trusted baseline check, the evaluator "
+                                             f"runs only from the run's own baseline")
+    return baseline
 
 
 def hidden_paths(cfg: RunConfig, worktree: Path, hide_data: bool) -> list[Path]:
@@ -128,17 +137,21 @@ def choose(cfg: RunConfig, where: Path) -> sandbox.Choice:
 
 def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
           cancel: threading.Event | None = None, gpu: str | None = None,
-          job_env: dict[str, str] | None = None) -> TrainResult:
+          job_env: dict[str, str] | None = None, baseline: str = "",
+          protected_sha256: dict[str, str] | None = None, allowance_s: float | None = None) -> TrainResult:
     """Train the code in worktree once, sandboxed; the metric from the separate evaluation if any.
 
     gpu: the executor slot's GPU (CUDA_VISIBLE_DEVICES); job_env: more variables for the job
-    (the tracker's HARNESS_RUN, HARNESS_ITERATION, HARNESS_COMMIT)."""
+    (the tracker's HARNESS_RUN, HARNESS_ITERATION, HARNESS_COMMIT); baseline, protected_sha256,
+    allowance_s: the run's trusted baseline as the Job carries it (executors/base.py)."""
     worktree = Path(worktree)
+    base = baseline_commit(cfg, worktree, baseline, protected_sha256 or {})
+    if isinstance(base, TrainResult):
+        return base
     result_file = log_path.with_suffix(".result.json")
     where = state_dir(cfg, log_path)
     choice = choose(cfg, where)
     space = fresh_space(log_path)
-    base = baseline_commit(cfg, worktree)
     extra = {"HARNESS_TIME_BUDGET": f"{cfg.time_budget:g}", "HARNESS_SEED": str(seed),
              "HARNESS_RESULT_FILE": str(result_file)}
     if cfg.evaluate_command:  # where the job leaves what the evaluation scores
@@ -184,7 +197,7 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
     else:
         result = seal.judge(result, result_file, ch.key, cfg.metric, cfg.time_budget)
     result = guard.after_training(cfg.run_dir, worktree, cfg.protected, result)
-    result = within_budget(cfg, where, worktree, base, result)
+    result = within_budget(cfg, result, allowance_s)
     if cfg.evaluate_command and result.status == "ok":
         result = evaluate(cfg, worktree, space, base, choice, result, log_path)
     shutil.rmtree(space.root, ignore_errors=True)  # the saved model can be large; the logs stay
@@ -223,18 +236,13 @@ def job_outcome(result: TrainResult, log_path: Path) -> TrainResult:
     return replace(result, status="ok", reason="")
 
 
-def within_budget(cfg: RunConfig, where: Path, worktree: Path, base: str, result: TrainResult) -> TrainResult:
-    """The baseline's runs calibrate the start-up allowance; every other job is judged by it."""
-    if result.status != "ok":
+def within_budget(cfg: RunConfig, result: TrainResult, allowance_s: float | None) -> TrainResult:
+    """Judged by the start-up allowance the supervisor measured on the baseline (budget.py). A
+    baseline run (allowance None) is not judged: the supervisor calibrates on its result."""
+    if result.status != "ok" or allowance_s is None:
         return result
-    reported = result.metrics.get("training_seconds")
-    reported = reported if isinstance(reported, float) and math.isfinite(reported) else None
-    with Worktree(worktree) as wt:
-        at_base = wt.head() == base
-    if at_base:
-        budget.calibrate(where, base, result.train_s, reported, cfg.time_budget)
-        return result
-    verdict = budget.judge(result.train_s, cfg.time_budget, budget.allowance(where), reported)
+    reported = budget.reported_seconds(result.metrics)
+    verdict = budget.judge(result.train_s, cfg.time_budget, allowance_s, reported)
     return result if verdict.ok else replace(result, status="invalid", reason=verdict.reason)
 
 

@@ -13,24 +13,31 @@ import socket
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from .. import track
 from ..config import RunConfig
 from ..gitgate import GitGate, Worktree
 from ..runner import TrainResult
 from . import evaluation
-from .base import JobFuture, ThreadedExecutor
+from .base import Job, JobFuture, ThreadedExecutor
 
 
 def train_once(cfg: RunConfig, worktree: Path, log_path: Path, seed: int, gpu: str | None = None,
                cancel: threading.Event | None = None, iteration: int | None = None,
-               commit: str | None = None) -> TrainResult:
+               commit: str | None = None, trusted: dict[str, Any] | None = None) -> TrainResult:
     """Train the code in worktree once under the hard deadline (cancel set = KeyboardInterrupt):
     sandboxed, timed by the harness, protected files checked before and after, the metric from the
-    workload's separate evaluation when it has one (evaluation.py)."""
+    workload's separate evaluation when it has one (evaluation.py). trusted: the run's baseline as
+    the Job carries it (baseline, protected_sha256, allowance_s); None = a throwaway run's."""
     result = evaluation.train(cfg, worktree, log_path, seed, cancel=cancel, gpu=gpu,
-                              job_env=track.job_env(cfg, iteration, commit))
+                              job_env=track.job_env(cfg, iteration, commit), **(trusted or {}))
     return replace(result, node=result.node or socket.gethostname())  # the ledger's node column
+
+
+def trusted_fields(job: Job) -> dict[str, Any]:
+    """What a job carries of the run's trusted baseline, as train_once takes it."""
+    return {"baseline": job.baseline, "protected_sha256": dict(job.protected_sha256), "allowance_s": job.allowance_s}
 
 
 @dataclass
@@ -100,7 +107,7 @@ class LocalExecutor(ThreadedExecutor):
             wt = self._materialise(slot, job.commit)
             job.log_path.parent.mkdir(parents=True, exist_ok=True)
             future.set_result(train_once(job.cfg, wt.path, job.log_path, job.seed, slot.gpu, job.cancel,
-                                         job.iteration, job.commit))
+                                         job.iteration, job.commit, trusted_fields(job)))
         except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
             future.set_exception(e)
         finally:

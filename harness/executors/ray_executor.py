@@ -2,8 +2,10 @@
 
 The supervisor, the researchers, git, the ledger and every decision stay on this machine; only
 training moves. A job travels as code: a `git archive` of the commit's editable and protected
-files, put in Ray's object store and unpacked on the worker (ray_worker.py), where the local
-executor's `train_once` runs under a supervisor of its own. The log comes back as it is written
+files, with one of its baseline's protected files (checked here against the run's history and
+the recorded hashes first), put in Ray's object store and unpacked on the worker
+(ray_worker.py), where the local executor's `train_once` runs under a supervisor of its own and
+judges the job by the trusted figures the Job carries (the start-up allowance, the hashes). The log comes back as it is written
 (the task is a streaming generator) into the run's `logs/` path, so `harness status` and the log
 files look as in a local run.
 
@@ -27,7 +29,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .. import events
+import git
+
+from .. import events, trust
 from ..errors import ClusterError
 from ..runner import TrainResult
 from . import ray_worker
@@ -71,6 +75,7 @@ class RayExecutor(ThreadedExecutor):
         self.running: dict[str, int] = {}  # node id -> this executor's jobs there
         self.busy = 0
         self.futures: set[JobFuture] = set()
+        self.baselines: dict[str, Any] = {}  # baseline commit -> its protected files in the object store
         self.threads: list[threading.Thread] = []
         self.closed = False
 
@@ -151,6 +156,9 @@ class RayExecutor(ThreadedExecutor):
 
     def _train(self, job: Job) -> TrainResult:
         cfg = job.cfg
+        base = self._baseline(job)
+        if isinstance(base, TrainResult):
+            return base
         data = self.ray.put(archive(self.repo, job.commit, (*cfg.editable, *cfg.protected)))
         ship = _shippable(cfg)
         tried: list[str] = []
@@ -160,7 +168,7 @@ class RayExecutor(ThreadedExecutor):
             try:
                 node_id = self._choose(tried)  # counted there: two jobs choosing at once pick two nodes
                 try:
-                    return self._attempt(job, ship, data, node_id, attempt)
+                    return self._attempt(job, ship, (data, base), node_id, attempt)
                 finally:
                     with self.cond:
                         self.running[node_id or ""] -= 1
@@ -170,6 +178,28 @@ class RayExecutor(ThreadedExecutor):
                 events.record(cfg.run_dir, "infrastructure", f"{job.name} attempt {attempt}: {e.reason}"
                               + ("; retrying" if attempt < ATTEMPTS else ""))
         return TrainResult("crash", reason="infrastructure: " + "; then ".join(reasons))
+
+    def _baseline(self, job: Job) -> Any:
+        """The baseline's protected files for the worker's evaluation (in the object store, once per
+        baseline), checked here, where the run's history is (trust.py); None for a throwaway run's job,
+        an `invalid` TrainResult when the job's baseline is not the run's."""
+        if not job.baseline:
+            return None
+        repo = git.Repo(self.repo)  # not a Worktree: that would clear the user's index.lock
+        try:
+            problem = trust.baseline_problem(repo, job.baseline, job.commit, job.protected_sha256, job.cfg.protected)
+        finally:
+            repo.close()
+        if problem:
+            return TrainResult("invalid", reason=f"{problem}: refused by the trusted baseline check, the "
+                                                 f"evaluator runs only from the run's own baseline")
+        with self.cond:
+            ref = self.baselines.get(job.baseline)
+        if ref is None:
+            ref = self.ray.put(archive(self.repo, job.baseline, job.cfg.protected))
+            with self.cond:
+                ref = self.baselines.setdefault(job.baseline, ref)
+        return ref
 
     def _choose(self, tried: list[str]) -> str | None:
         """The alive node with the job's resources and the fewest of our jobs (one not tried, if any)."""
@@ -187,14 +217,18 @@ class RayExecutor(ThreadedExecutor):
             self.running[node] = self.running.get(node, 0) + 1
             return node
 
-    def _attempt(self, job: Job, cfg_ship: Any, data: Any, node_id: str | None, attempt: int) -> TrainResult:
+    def _attempt(self, job: Job, cfg_ship: Any, data: tuple[Any, Any], node_id: str | None,
+                 attempt: int) -> TrainResult:
+        """One task: the job's files and its baseline's protected files (data), and in the spec the
+        run's trusted figures (executors/base.Job), which the worker judges by as a local job is."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
         token = uuid.uuid4().hex
-        spec = {"token": token, "seed": job.seed, "iteration": job.iteration, "commit": job.commit}
+        spec = {"token": token, "seed": job.seed, "iteration": job.iteration, "commit": job.commit,
+                "protected_sha256": dict(job.protected_sha256), "allowance_s": job.allowance_s}
         opts = ray_options(self.resources)
         if node_id is not None:
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
-        gen = self.run_job.options(num_returns="streaming", max_retries=0, **opts).remote(data, cfg_ship, spec)
+        gen = self.run_job.options(num_returns="streaming", max_retries=0, **opts).remote(*data, cfg_ship, spec)
         record = {"token": token, "job": job.name, "attempt": attempt, "node_id": node_id,
                   "address": self.address, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
         self._write_record(record)

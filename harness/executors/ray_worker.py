@@ -2,10 +2,12 @@
 
 `run_job` is the body of the Ray task (a streaming generator). It unpacks the commit's files
 (the `git archive` the driver put in the object store) into `<work root>/<token>/tree`, makes
-that folder a one-commit git repository (so the protected-file check has a committed version
-to compare with), runs the node's `setup_command` once, then trains with `local.train_once`
-under a supervisor of its own: protected files, the seal channel, the process group, the hard
-deadline and stall detection are the local executor's. The environment is the worker's own
+that folder a git repository of the baseline's protected files (a second archive) and the
+candidate on top (so the protected-file check has a committed version to compare with, and the
+evaluation runs from the baseline's files, checked against the hashes in the spec), runs the
+node's `setup_command` once, then trains with `local.train_once` under a supervisor of its own:
+protected files, the seal channel, the process group, the hard deadline, stall detection and
+the budget's verdict (by the allowance in the spec: the supervisor's) are the local executor's. The environment is the worker's own
 (secrets filtered by runner.training_env); nothing of the supervisor's environment travels.
 
 It yields ("started", info), ("log", bytes)... as the log grows, then ("result", TrainResult,
@@ -56,19 +58,39 @@ def node_name() -> str:
     return f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:8]}"
 
 
-def unpack(archive: bytes, tree: Path) -> dict[str, bytes]:
-    """The archive's files under tree, committed once; returns them by path (the pristine copies)."""
-    tree.mkdir(parents=True, exist_ok=True)
+IDENT = ["-c", "user.name=harness", "-c", "user.email=harness@localhost", "-c", "commit.gpgsign=false"]
+
+
+def _extract(archive: bytes, tree: Path) -> dict[str, bytes]:
     files: dict[str, bytes] = {}
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(tree, filter="data")
         for member in tar.getmembers():
             if member.isfile():
                 files[member.name] = tar.extractfile(member).read()
-    ident = ["-c", "user.name=harness", "-c", "user.email=harness@localhost", "-c", "commit.gpgsign=false"]
-    for args in (["init", "-q"], ["add", "-A"], [*ident, "commit", "-q", "--allow-empty", "-m", "candidate"]):
-        subprocess.run(["git", *args], cwd=tree, check=True, capture_output=True, timeout=GIT_TIMEOUT_S)
     return files
+
+
+def _commit(tree: Path, message: str) -> str:
+    for args in (["add", "-A"], [*IDENT, "commit", "-q", "--allow-empty", "-m", message]):
+        subprocess.run(["git", *args], cwd=tree, check=True, capture_output=True, timeout=GIT_TIMEOUT_S)
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=tree, check=True, capture_output=True, text=True,
+                          timeout=GIT_TIMEOUT_S).stdout.strip()
+
+
+def unpack(archive: bytes, tree: Path, baseline: bytes | None = None) -> tuple[dict[str, bytes], str]:
+    """The archive's files under tree, committed; returns them by path (the pristine copies) and
+    the local commit of the baseline's protected files ("" without baseline), committed first, so
+    the evaluation runs from the baseline's files as it does locally, not from the candidate's."""
+    tree.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["git", "init", "-q"], cwd=tree, check=True, capture_output=True, timeout=GIT_TIMEOUT_S)
+    base = ""
+    if baseline is not None:
+        _extract(baseline, tree)
+        base = _commit(tree, "baseline")
+    files = _extract(archive, tree)
+    _commit(tree, "candidate")
+    return files, base
 
 
 def setup_once(command: str, tree: Path, timeout_s: float, run: str) -> str | None:
@@ -108,18 +130,17 @@ def _changed(tree: Path, pristine: dict[str, bytes], protected: tuple[str, ...])
     return out
 
 
-def run_job(archive: Any, cfg: RunConfig, spec: dict[str, Any]) -> Iterator[tuple]:
+def run_job(archive: Any, baseline: Any, cfg: RunConfig, spec: dict[str, Any]) -> Iterator[tuple]:
     """One training job on this node; see the module's docstring for what it yields."""
     import ray
     folder = job_dir(spec["token"])
     ctx = ray.get_runtime_context()
     yield ("started", {"node": node_name(), "node_id": ctx.get_node_id(), "task_id": ctx.get_task_id(),
                        "pid": os.getpid(), "folder": str(folder)})
-    if isinstance(archive, ray.ObjectRef):
-        archive = ray.get(archive)
+    archive, baseline = (ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in (archive, baseline))
     try:
         tree = folder / "tree"
-        pristine = unpack(archive, tree)
+        pristine, base = unpack(archive, tree, baseline)
         if cfg.setup_command:
             reason = setup_once(cfg.setup_command, tree, cfg.setup_timeout, str(cfg.run_dir))
             if reason:
@@ -127,7 +148,9 @@ def run_job(archive: Any, cfg: RunConfig, spec: dict[str, Any]) -> Iterator[tupl
                 return
         wcfg = replace(cfg, run_root=folder / "run", repo=tree)
         log = folder / "run" / "job.log"
-        result = yield from _train(wcfg, tree, log, spec)
+        trusted = {"baseline": base, "protected_sha256": spec.get("protected_sha256") or {},
+                   "allowance_s": spec.get("allowance_s")}  # the supervisor's figures, as a local job gets them
+        result = yield from _train(wcfg, tree, log, spec, trusted)
         changed = _changed(tree, pristine, cfg.protected)
         if changed and result.status != "invalid":
             result = replace(result, status="invalid",
@@ -139,7 +162,8 @@ def run_job(archive: Any, cfg: RunConfig, spec: dict[str, Any]) -> Iterator[tupl
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _train(cfg: RunConfig, tree: Path, log: Path, spec: dict[str, Any]) -> Generator[tuple, None, TrainResult]:
+def _train(cfg: RunConfig, tree: Path, log: Path, spec: dict[str, Any],
+           trusted: dict[str, Any]) -> Generator[tuple, None, TrainResult]:
     """train_once in a thread under this job's own supervisor; the log's new bytes as they come."""
     log.parent.mkdir(parents=True, exist_ok=True)
     cancel = threading.Event()
@@ -148,7 +172,7 @@ def _train(cfg: RunConfig, tree: Path, log: Path, spec: dict[str, Any]) -> Gener
     def work() -> None:
         try:
             box["result"] = train_once(cfg, tree, log, spec["seed"], None, cancel, spec.get("iteration"),
-                                       spec.get("commit"))
+                                       spec.get("commit"), trusted)
         except BaseException as e:  # noqa: BLE001 - handed back to the generator
             box["error"] = e
 
