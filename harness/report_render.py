@@ -129,14 +129,18 @@ def _na(f: dict[str, Any], key: str) -> str | None:
 
 
 def table_rows(summary: dict[str, Any]) -> list[list[str]]:
+    """One column per arm: an arm's repeats are pooled (counts and spend summed, levels averaged)."""
     metric = summary["metric"]
-    arms = summary["arms"]
-    spec = [("agent", "agent", "text"), ("model", "model", "text"), ("experiments", "experiments", "int")]
+    arms = summary.get("pooled") or summary["arms"]
+    spec = [("agent", "agent", "text"), ("model", "model", "text")]
+    if any(f.get("repeats", 1) > 1 for f in arms):
+        spec.append(("repeats pooled (levels: their mean)", "repeats", "int"))
+    spec.append(("experiments", "experiments", "int"))
     rows = [[name] + [fmt(f[key], kind) for f in arms] for name, key, kind in spec]
     counts = pd.DataFrame([f["counts"] for f in arms]).fillna(0).astype(int)  # arm x status, in first-seen order
     rows += [[f"  {status}"] + [fmt(int(n), "int") for n in counts[status]] for status in counts]
     spec = [
-        ("acceptance rate", "acceptance_rate", "rate"),
+        ("acceptance rate (skips left out)", "acceptance_rate", "rate"),
         (f"baseline {metric}", "baseline", "num"), (f"best {metric}", "best", "num"),
         ("improvement", "improvement", "signed"), ("improvement %", "improvement_pct", "pct"),
         ("noise floor sigma (latest)", "noise_sigma", "num"),
@@ -178,7 +182,7 @@ def blocks(summary: dict[str, Any], images: dict[str, Any]) -> list[tuple]:
     out.append(("h2", "Verdict"))
     out += [("p", line) for line in summary["verdict"]["text"]]
     out.append(("h2", "Side by side"))
-    out.append(("table", ["", *[f["label"] for f in arms]], table_rows(summary)))
+    out.append(("table", ["", *[f["label"] for f in summary.get("pooled") or arms]], table_rows(summary)))
     out += elo_render.report_blocks(summary.get("elo"))
     out.append(("h2", "Plots"))
     out += [("p", note) for note in summary.get("notes", [])]
