@@ -18,7 +18,7 @@ from .executors import sandbox
 from . import decide, events, figures, ledger, spend
 from .errors import HarnessError
 from .report_diff import changed_names
-from . import report_verdict
+from . import repeats, report_verdict
 
 FAILED = ("crash", "timeout", "invalid")
 SHOWN_STATUSES = ("keep", "discard", "crash", "timeout", "invalid")
@@ -310,6 +310,8 @@ def summarize(paths: list[Path]) -> tuple[dict[str, Any], list[ArmData]]:
         "arms": figs, "pooled": pooled, "convergent": convergent(arms),
         "verdict": report_verdict.verdict(pooled, samples),
     }
+    summary["consistency"] = repeats.for_report(pooled, figs, summary["convergent"]["per_arm"])
+    summary["verdict"]["text"] += summary["consistency"]["disagree"]
     if len(arms) > 1:
         from . import elo
 
@@ -331,7 +333,9 @@ def unit_sample(arm: ArmData, fig: dict[str, Any], figs: list[dict[str, Any]]) -
 
 def agree_with_elo(out: dict[str, Any], rated: dict[str, Any], ledgers: dict[str, list[Path]]) -> None:
     """The verdict and the Elo section never disagree: a winner is named only when the Elo across
-    tasks ranks it above the runner-up too (and, with an interval, beyond it)."""
+    tasks ranks it above the runner-up too; the Elo difference is stated with its interval."""
+    from . import elo
+
     if len(out.get("ranked") or []) < 2 or "error" in rated:
         return
     by_ledger = rated.get("ledger_arms", {})
@@ -348,15 +352,20 @@ def agree_with_elo(out: dict[str, Any], rated: dict[str, Any], ledgers: dict[str
     elif second["arm"] in anchors and first.get("ci"):
         interval = (first["ci"][0] - second["elo"], first["ci"][1] - second["elo"])
     line = f"Elo across tasks: {out['ranked'][0]} minus {out['ranked'][1]} {diff:+.0f}"
-    line += f", interval [{interval[0]:+.0f}, {interval[1]:+.0f}]." if interval else "."
+    one_task = all(g.get("tasks") == 1 for g in rated.get("components", []))
+    line += (f", interval [{interval[0]:+.0f}, {interval[1]:+.0f}]." if interval
+             else f" ({elo.ONE_TASK})." if one_task else ".")
     text = out["text"]
     text.insert(len(text) - (1 if out.get("mixed_scaffolds") else 0) - (1 if out.get("noise") == 0 else 0), line)
-    if out.get("winner") and (diff <= 0 or (interval is not None and interval[0] <= 0)):
+    # The Elo claims how often an arm wins a task: with few tasks its interval is wide whatever the
+    # improvements say, so it vetoes a winner by its sign only (the Elo compares at the spend both
+    # reached: an arm that improved more only by spending more is no winner).
+    if out.get("winner") and diff <= 0:
         out["winner"] = None
         out["elo_disagrees"] = True
-        why = "ranks it no higher" if diff <= 0 else "has an interval that includes zero"
         text[:] = [t if not t.startswith("**Winner") else
-                   f"**No clear winner**: the Elo across tasks {why} than {out['ranked'][1]}." for t in text]
+                   f"**No clear winner**: the Elo across tasks ranks it no higher than {out['ranked'][1]}."
+                   for t in text]
 
 
 def default_out(paths: list[Path]) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -28,7 +29,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 
 def write_ledger(path: Path, values: list[tuple[str, float | None]], base: float = 1.0,
                  agent: str = "scripted", train_s: float = 60.0, cost: float | None = 0.02,
-                 sigma: float | None = None) -> Path:
+                 sigma: float | None = None, model: str = "m") -> Path:
     """A ledger in the harness's schema: a baseline, then (status, value) experiments (each row
     recording the noise floor sigma, when given, as the noise gate does)."""
     best = base
@@ -38,7 +39,7 @@ def write_ledger(path: Path, values: list[tuple[str, float | None]], base: float
     for i, (status, value) in enumerate(values, 1):
         ledger.append(path, "val_bpb", Row(
             commit=f"{i:012x}", metric=value, status=status, description=f"try {i}", iteration=i,
-            agent=agent, model="m", best_before=best, delta=None if value is None else value - best,
+            agent=agent, model=model, best_before=best, delta=None if value is None else value - best,
             agent_s=30.0, train_s=train_s if value is not None else 5.0, wall_s=train_s + 40,
             input_tokens=20_000, cached_tokens=5_000, output_tokens=2_000, cost_usd=cost, sigma=sigma))
         if status == "keep":
@@ -250,8 +251,8 @@ def test_a_big_improvement_gap_is_a_winner_and_a_skip_is_not_a_rejection(tmp_pat
          ("keep", 0.9325), ("skip", None), ("skip", None), ("keep", 0.91), ("skip", None), ("skip", None)]
     b = [("keep", 0.999)] + [("discard", 1.002)] * 11
     root = tmp_path / "ab"
-    write_ledger(root / "a" / "results.tsv", a, sigma=0.001)
-    write_ledger(root / "b" / "results.tsv", b, sigma=0.001)
+    write_ledger(root / "a" / "results.tsv", a, sigma=0.001, model="big")
+    write_ledger(root / "b" / "results.tsv", b, sigma=0.001, model="small")
     (root / "ab.json").write_text(json.dumps({"tag": "ab", "arms": {}}))
     built = report.build([root])
     v = built.summary["verdict"]
@@ -265,3 +266,27 @@ def test_a_big_improvement_gap_is_a_winner_and_a_skip_is_not_a_rejection(tmp_pat
     for figure in ("improvement_per_gpu_hour", "improvement_per_1m_tokens", "improvement_per_usd"):
         lo, hi = v["intervals"][figure]
         assert lo > 0 and v["better"][figure] == "a"  # named better only where the interval excludes zero
+    # One A/B is one task: its Elo has no interval, and says so, rather than a zero-width one.
+    md = built.markdown.read_text()
+    assert not re.search(r"\[([+-]?[\d.]+), \1\]", md), "a zero-width interval"
+    assert "one task: no interval" in md
+    assert any(t.startswith("Elo across tasks") and "one task: no interval" in t for t in v["text"])
+
+
+def test_a_tournament_whose_repeats_disagree_says_so(tmp_path: Path):
+    def night(final: float) -> list:
+        return [("discard", 1.01), ("keep", final), ("discard", 1.02)]
+
+    run = tournament_dir(tmp_path / "t", {("wild", 1): night(0.70), ("wild", 2): night(0.999),
+                                          ("steady", 1): night(0.81), ("steady", 2): night(0.79)})
+    built = report.build([run])
+    arms = built.summary["consistency"]["arms"]
+    assert arms["wild"]["spread"]["min"] == pytest.approx(0.001) and arms["wild"]["spread"]["max"] == pytest.approx(0.3)
+    assert arms["steady"]["spread"]["sd"] == pytest.approx(statistics.stdev([0.19, 0.21]))
+    text = built.summary["verdict"]["text"]
+    (line,) = [t for t in text if "disagree with each other" in t]
+    assert line.startswith("wild's 2 repeats")  # 0.3 apart, while the arms' means are 0.0495 apart
+    md = built.markdown.read_text()
+    assert "## Consistency of repeats" in md and "same order across repeats" in md
+    pair = built.summary["elo"]["consistency"]["pairs"][0]
+    assert pair["tasks"] == 2 and pair["rate"] == 0.5  # wild won one repeat and lost the other
