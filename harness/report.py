@@ -302,7 +302,7 @@ def summarize(paths: list[Path]) -> tuple[dict[str, Any], list[ArmData]]:
     arms, setup = find_arms(paths)
     figs = [arm_figures(a) for a in arms]
     groups = report_verdict.group_units([a.group or a.label for a in arms])
-    pooled = [report_verdict.pooled(arms[g[0]].group or figs[g[0]]["label"], [figs[i] for i in g]) for g in groups]
+    pooled = [report_verdict.pooled(arm_label(arms[g[0]], figs[g[0]]), [figs[i] for i in g]) for g in groups]
     samples = [[unit_sample(arms[i], figs[i], figs) for i in g] for g in groups]
     summary = {
         "metric": figs[0]["metric"], "direction": figs[0]["direction"],
@@ -319,6 +319,15 @@ def summarize(paths: list[Path]) -> tuple[dict[str, Any], list[ArmData]]:
         ledgers = {p["label"]: [arms[i].ledger for i in g] for p, g in zip(pooled, groups)}
         agree_with_elo(summary["verdict"], summary["elo"], ledgers)
     return summary, arms
+
+
+def arm_label(arm: ArmData, fig: dict[str, Any]) -> str:
+    """A pooled arm's label: its name; the A/B's positional a and b by what they ran, as name_by_model."""
+    if arm.group is None:
+        return fig["label"]
+    if arm.group in ("a", "b"):
+        return f"{fig['model'] or 'no model'} ({fig['agent'] or 'unknown agent'})"
+    return arm.group
 
 
 def unit_sample(arm: ArmData, fig: dict[str, Any], figs: list[dict[str, Any]]) -> report_verdict.UnitSample:
