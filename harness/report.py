@@ -317,7 +317,7 @@ def summarize(paths: list[Path]) -> tuple[dict[str, Any], list[ArmData]]:
 
         summary["elo"] = elo.report_section(paths)  # Bradley-Terry across the runs' tasks
         ledgers = {p["label"]: [arms[i].ledger for i in g] for p, g in zip(pooled, groups)}
-        agree_with_elo(summary["verdict"], summary["elo"], ledgers)
+        report_verdict.agree_with_elo(summary["verdict"], summary["elo"], ledgers)
     return summary, arms
 
 
@@ -338,43 +338,6 @@ def unit_sample(arm: ArmData, fig: dict[str, Any], figs: list[dict[str, Any]]) -
     if sigma is None and len(baselines) > 1:
         sigma = statistics.stdev(baselines)
     return report_verdict.unit_sample(arm.rows, arm.direction, arm.columns, sigma)
-
-
-def agree_with_elo(out: dict[str, Any], rated: dict[str, Any], ledgers: dict[str, list[Path]]) -> None:
-    """The verdict and the Elo section never disagree: a winner is named only when the Elo across
-    tasks ranks it above the runner-up too; the Elo difference is stated with its interval."""
-    from . import elo
-
-    if len(out.get("ranked") or []) < 2 or "error" in rated:
-        return
-    by_ledger = rated.get("ledger_arms", {})
-    label_arm = {label: by_ledger.get(str(Path(paths[0]).resolve())) for label, paths in ledgers.items()}
-    table = {a["arm"]: a for a in rated.get("arms", [])}
-    first, second = (table.get(label_arm.get(label) or "") for label in out["ranked"][:2])
-    if first is None or second is None or first["elo"] is None or second["elo"] is None:
-        return
-    diff = first["elo"] - second["elo"]
-    anchors = {g.get("anchor") for g in rated.get("components", [])}
-    interval = None  # the difference's interval: each arm's interval is relative to its anchor
-    if first["arm"] in anchors and second.get("ci"):
-        interval = (first["elo"] - second["ci"][1], first["elo"] - second["ci"][0])
-    elif second["arm"] in anchors and first.get("ci"):
-        interval = (first["ci"][0] - second["elo"], first["ci"][1] - second["elo"])
-    line = f"Elo across tasks: {out['ranked'][0]} minus {out['ranked'][1]} {diff:+.0f}"
-    one_task = all(g.get("tasks") == 1 for g in rated.get("components", []))
-    line += (f", interval [{interval[0]:+.0f}, {interval[1]:+.0f}]." if interval
-             else f" ({elo.ONE_TASK})." if one_task else ".")
-    text = out["text"]
-    text.insert(len(text) - (1 if out.get("mixed_scaffolds") else 0) - (1 if out.get("noise") == 0 else 0), line)
-    # The Elo claims how often an arm wins a task: with few tasks its interval is wide whatever the
-    # improvements say, so it vetoes a winner by its sign only (the Elo compares at the spend both
-    # reached: an arm that improved more only by spending more is no winner).
-    if out.get("winner") and diff <= 0:
-        out["winner"] = None
-        out["elo_disagrees"] = True
-        text[:] = [t if not t.startswith("**Winner") else
-                   f"**No clear winner**: the Elo across tasks ranks it no higher than {out['ranked'][1]}."
-                   for t in text]
 
 
 def default_out(paths: list[Path]) -> Path:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -299,3 +300,40 @@ def bootstrap_diff(a: list[int], b: list[int], draws: int = BOOTSTRAP_DRAWS,
     db = xb[rng.integers(0, len(xb), (draws, len(xb)))].mean(axis=1)
     lo, hi = np.percentile(da - db, [2.5, 97.5])
     return float(xa.mean() - xb.mean()), float(lo), float(hi)
+
+
+def agree_with_elo(out: dict[str, Any], rated: dict[str, Any], ledgers: dict[str, list[Path]]) -> None:
+    """The verdict and the Elo section never disagree: a winner is named only when the Elo across
+    tasks ranks it above the runner-up too; the Elo difference is stated with its interval."""
+    from .elo import ONE_TASK
+
+    if len(out.get("ranked") or []) < 2 or "error" in rated:
+        return
+    by_ledger = rated.get("ledger_arms", {})
+    label_arm = {label: by_ledger.get(str(Path(paths[0]).resolve())) for label, paths in ledgers.items()}
+    table = {a["arm"]: a for a in rated.get("arms", [])}
+    first, second = (table.get(label_arm.get(label) or "") for label in out["ranked"][:2])
+    if first is None or second is None or first["elo"] is None or second["elo"] is None:
+        return
+    diff = first["elo"] - second["elo"]
+    anchors = {g.get("anchor") for g in rated.get("components", [])}
+    interval = None  # the difference's interval: each arm's interval is relative to its anchor
+    if first["arm"] in anchors and second.get("ci"):
+        interval = (first["elo"] - second["ci"][1], first["elo"] - second["ci"][0])
+    elif second["arm"] in anchors and first.get("ci"):
+        interval = (first["ci"][0] - second["elo"], first["ci"][1] - second["elo"])
+    line = f"Elo across tasks: {out['ranked'][0]} minus {out['ranked'][1]} {diff:+.0f}"
+    one_task = all(g.get("tasks") == 1 for g in rated.get("components", []))
+    line += (f", interval [{interval[0]:+.0f}, {interval[1]:+.0f}]." if interval
+             else f" ({ONE_TASK})." if one_task else ".")
+    text = out["text"]
+    text.insert(len(text) - (1 if out.get("mixed_scaffolds") else 0) - (1 if out.get("noise") == 0 else 0), line)
+    # The Elo claims how often an arm wins a task: with few tasks its interval is wide whatever the
+    # improvements say, so it vetoes a winner by its sign only (the Elo compares at the spend both
+    # reached: an arm that improved more only by spending more is no winner).
+    if out.get("winner") and diff <= 0:
+        out["winner"] = None
+        out["elo_disagrees"] = True
+        text[:] = [t if not t.startswith("**Winner") else
+                   f"**No clear winner**: the Elo across tasks ranks it no higher than {out['ranked'][1]}."
+                   for t in text]
