@@ -3,7 +3,7 @@
 Within each task (elo_data.py says what arms and tasks are), every arm's best so far at the
 spend all of the task's arms reached is compared with every other's: a win, a loss, or a tie
 when the gap is within the task's noise floor. The pairs of all tasks are fitted at once
-(elo_fit.py), with intervals from a bootstrap over tasks; cost is normalised per task before
+(elo_fit.py), with intervals from its posterior (docs/elo.md: why); cost is normalised per task before
 it is averaged. Everything here is pure but `write`; docs/elo.md explains every figure.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from . import decide, elo_data, elo_fit
+from . import decide, elo_data, elo_fit, ledger, repeats
 from .elo_data import BUDGETS, EloInputError, Task
 
 POINTS = (0.25, 0.5, 0.75, 1.0)  # budget points, as fractions of each task's common budget
@@ -27,6 +27,7 @@ DEFAULT_TIE_Z = 1.0  # a tie: the gap is within this many standard errors of the
 CONTROL_AGENT = "mutate"
 OUTCOMES = {"wins": 1.0, "losses": 0.0, "ties": 0.5}  # an arm's score in one game
 FEW_TASKS = 5  # below this many compared tasks the intervals say little: a note says so
+ONE_TASK = "one task: no interval"
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,8 @@ class Settings:
     tie_z: float = DEFAULT_TIE_Z
     points: tuple[float, ...] = POINTS
     arm_by: str = "researcher"  # or "folder": each run folder's name is its arm
+    interval: str = "posterior"  # or "bootstrap" (over tasks: the method before issue 24)
+    weigh_tasks: bool = True  # the posterior weighs each task's pairs by 2 / its arms
 
 
 # ---------------------------------------------------------------------------
@@ -70,6 +73,9 @@ def task_outcomes(tasks: list[Task], fraction: float, tie_z: float) -> tuple[pd.
                         "budget": task.budget, "compared_at": limit, "sigma": task.sigma,
                         "curves": {a: elo_data.curve(t, task.budget) for a, t in task.trajectories.items()},
                         "best": {a: {"value": v.value, "runs": v.runs, "tokens": v.tokens, "cost_usd": v.cost_usd,
+                                     "improvement": decide.improvement(
+                                         v.value, float(ledger.decided_value(task.trajectories[a].rows[0])),
+                                         task.direction),
                                      "ledger": str(task.trajectories[a].path)} for a, v in best.items()}})
     games = pd.DataFrame(played, columns=["task", "arm", "opponent", "score"])
     return games.astype({"task": int, "score": float}), per_task
@@ -144,16 +150,35 @@ def _anchor(arms: list[str], members: list[int], agents: dict[str, str | None], 
     return controls[0] if controls else members[0]
 
 
-def _fit_component(members: list[int], anchor: int, scores, games, settings: Settings):
+def fit_component(members: list[int], anchor: int, scores: np.ndarray, games: np.ndarray,
+                  settings: Settings) -> tuple[np.ndarray, np.ndarray | None, int]:
+    """Elo, the draws its intervals come from, and the tasks used, of one component of the
+    comparison graph (members and anchor index arms). Draws: settings.interval "posterior" (the
+    Bradley-Terry posterior, each task's pairs weighed by 2 / its arms when settings.weigh_tasks)
+    or "bootstrap" (over tasks); none without settings.draws, and none under the posterior from
+    one task (ONE_TASK: a single win, loss or tie per pair says nothing of its own uncertainty)."""
     sub = np.ix_(range(scores.shape[0]), members, members)
     s, g = scores[sub], games[sub]
     used = g.sum(axis=(1, 2)) > 0  # only the tasks that compare arms of this component
     s, g = s[used], g[used]
     a = members.index(anchor)
     elo = elo_fit.fit_elo(s.sum(axis=0), g.sum(axis=0), a)
-    draws = elo_fit.bootstrap_elo(s, g, a, settings.draws, settings.seed) if settings.draws > 0 else None
-    cis = [None if draws is None else elo_fit.interval(draws[:, k], settings.level) for k in range(len(members))]
-    return elo, cis, int(used.sum())
+    tasks = int(used.sum())
+    if settings.draws <= 0 or (settings.interval == "posterior" and tasks < 2):
+        return elo, None, tasks
+    if settings.interval == "bootstrap":
+        return elo, elo_fit.bootstrap_elo(s, g, a, settings.draws, settings.seed), tasks
+    arms_in = (g.sum(axis=2) > 0).sum(axis=1)  # per task: how many arms it compares
+    # A task ranks its A arms from one night each: its A(A-1)/2 pairs are not independent games;
+    # weighed by 2 / A, they count as A - 1 (what the coverage benchmark calibrates: docs/elo.md).
+    w = (2.0 / np.maximum(arms_in, 2)) if settings.weigh_tasks else np.ones(len(g))
+    draws = elo_fit.posterior_elo(np.tensordot(w, s, axes=1), np.tensordot(w, g, axes=1), a,
+                                  settings.draws, settings.seed)
+    return elo, draws, tasks
+
+
+def intervals(draws: np.ndarray | None, level: float, n: int) -> list[tuple[float, float] | None]:
+    return [None if draws is None else elo_fit.interval(draws[:, k], level) for k in range(n)]
 
 
 def _load(paths: list[Path], settings: Settings) -> tuple[list[elo_data.Trajectory], list[str]]:
@@ -178,7 +203,8 @@ def rate(arms: list[str], trajs: list[elo_data.Trajectory], played: pd.DataFrame
         if len(members) == 1:
             elo, cis, used = [None], [None], 0
         else:
-            elo, cis, used = _fit_component(members, anchor, scores, games, settings)
+            elo, draws, used = fit_component(members, anchor, scores, games, settings)
+            cis = intervals(draws, settings.level, len(members))
         groups.append({"arms": [arms[i] for i in members], "anchor": arms[anchor], "tasks": used})
         for k, i in enumerate(members):
             e = None if elo[k] is None or np.isnan(elo[k]) else float(elo[k])
@@ -210,20 +236,38 @@ def analyze(paths: list[Path], settings: Settings = Settings(),
     if settings.anchor is not None and settings.anchor not in arms:
         raise EloInputError(f"--anchor {settings.anchor!r} is not an arm here; the arms are: {', '.join(arms)}.")
     progress(f"{len(trajs)} ledgers, {len(arms)} arms, {len(tasks)} tasks; fitting with "
-             f"{settings.draws} bootstrap draws over tasks")
+             f"{settings.draws} {settings.interval} draws")
     played, per_task = task_outcomes(tasks, 1.0, settings.tie_z)
     table, groups = rate(arms, trajs, played, len(tasks), settings)
     add_cost(table, per_task)
     notes += graph_notes(groups, tasks) + unanimous_notes(table)
+    pairs = [{"arm": arm, "opponent": opponent, **{k: int(v) for k, v in r.items()}}
+             for (arm, opponent), r in pairwise(played).iterrows()]
     return {"budget": settings.budget, "unit": BUDGETS[settings.budget][0], "level": settings.level,
-            "draws": settings.draws, "seed": settings.seed, "tie_z": settings.tie_z,
+            "draws": settings.draws, "interval": settings.interval, "seed": settings.seed, "tie_z": settings.tie_z,
             "anchor_elo": elo_fit.ANCHOR_ELO, "components": groups,
             "arms": [table[a] for a in arms], "marginal": marginal(table, groups),
             "by_budget": elo_by_point(tasks, arms, groups, settings), "tasks": per_task, "notes": notes,
-            "pairwise": [{"arm": arm, "opponent": opponent, **{k: int(v) for k, v in r.items()}}
-                         for (arm, opponent), r in pairwise(played).iterrows()],
+            "pairwise": pairs, "consistency": consistency(pairs, per_task),
             "ledgers": [str(t.path) for t in trajs],
             "ledger_arms": {str(Path(t.path).resolve()): t.arm for t in trajs}}
+
+
+def consistency(pairs: list[dict[str, Any]], per_task: list[dict[str, Any]]) -> dict[str, Any]:
+    """The consistency of repeats (repeats.py): per pair, per arm, and each arm's spread of final
+    improvement (at the compared point) over the repeats of each workload."""
+    finals: dict[tuple[str, str], list[float]] = {}
+    for t in per_task:
+        for arm, b in t["best"].items():
+            finals.setdefault((arm, t["workload"]), []).append(b["improvement"])
+    spreads = [{"arm": arm, "workload": w, **s} for (arm, w), v in finals.items() if (s := repeats.spread(v))]
+    pair_rates = repeats.pair_consistency(pairs)
+    disagree = []
+    for s in spreads:
+        others = {o["arm"]: o["mean"] for o in spreads if o["workload"] == s["workload"] and o["arm"] != s["arm"]}
+        line = repeats.disagreement(s["arm"], s, others)
+        disagree += [f"On {s['workload']}: {line}"] if line else []
+    return {"pairs": pair_rates, **repeats.arm_consistency(pair_rates), "spread": spreads, "disagree": disagree}
 
 
 def elo_by_point(tasks: list[Task], arms: list[str], groups: list[dict[str, Any]],
@@ -286,9 +330,12 @@ def graph_notes(groups: list[dict[str, Any]], tasks: list[Task]) -> list[str]:
     if alone:
         notes.append(f"{len(alone)} task(s) have one arm only and compare nothing: {', '.join(alone)}.")
     compared = [t for t in tasks if len(t.trajectories) >= 2]
-    if 0 < len(compared) < FEW_TASKS:
-        notes.append(f"Only {len(compared)} task(s) compare arms: the bootstrap over tasks cannot show much of the "
-                     f"uncertainty (a unanimous result gets a zero-width interval). Add repeats or workloads.")
+    if len(compared) == 1:
+        notes.append(f"{ONE_TASK}: an Elo from one task is one win, loss or tie per pair, its size set by the "
+                     f"fit's prior, so it has no interval. Pool repeats or workloads for one.")
+    elif 0 < len(compared) < FEW_TASKS:
+        notes.append(f"Only {len(compared)} tasks compare arms: the intervals are wide (docs/elo.md). "
+                     f"Add repeats or workloads.")
     fallback = [t.label for t in tasks if t.budget == "iterations"]
     if fallback:
         notes.append(f"Task(s) {', '.join(fallback)}: a ledger lacks the budget's column, so these arms were "

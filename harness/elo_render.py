@@ -5,6 +5,8 @@ import io
 import math
 from typing import Any
 
+from .elo import ONE_TASK
+
 PLOT_DPI = 100
 MAX_CURVE_PANELS = 12  # tasks drawn in the best-so-far figure; the rest are in elo.json
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
@@ -30,6 +32,13 @@ def _ci(ci: list[float] | None) -> str:
     return "—" if ci is None else f"[{ci[0]:.0f}, {ci[1]:.0f}]"
 
 
+def method(result: dict[str, Any]) -> str:
+    """How the intervals were drawn, in words."""
+    if result.get("interval") == "bootstrap":
+        return f"{result['draws']} bootstrap draws over tasks"
+    return f"{result['draws']} draws of the Bradley-Terry posterior (each task's pairs weighed by 2 / its arms)"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
@@ -40,8 +49,10 @@ def ratings_table(result: dict[str, Any], arms: list[dict[str, Any]]) -> list[st
 
 def ratings_rows(result: dict[str, Any], arms: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     pct = f"{result['level']:.0%}"
+    one = {c for c, g in enumerate(result["components"]) if g["tasks"] == 1}
     rows = [[a["arm"], str(a["agent"] or "?"), str(a["model"] or "—"), str(a["tasks"]),
-             f"{a['wins']}-{a['losses']}-{a['ties']}", _num(a["win_rate"], ".0%"), _num(a["elo"]), _ci(a["ci"])]
+             f"{a['wins']}-{a['losses']}-{a['ties']}", _num(a["win_rate"], ".0%"), _num(a["elo"]),
+             ONE_TASK if a["component"] in one and a["ci"] is None else _ci(a["ci"])]
             for a in sorted(arms, key=lambda a: -(a["elo"] if a["elo"] is not None else -math.inf))]
     return ["arm", "agent", "model", "tasks", "W-L-T", "win rate", "Elo", f"{pct} interval"], rows
 
@@ -88,13 +99,44 @@ def tasks_table(result: dict[str, Any]) -> list[str]:
     return _table(["task", "compared at", "noise sigma", "best so far"], rows)
 
 
+def consistency_blocks(c: dict[str, Any] | None) -> list[tuple]:
+    """The consistency of repeats (harness/repeats.py) as report_render's blocks; none without repeats."""
+    if not c or not (c["spread"] or c["pairs"]):
+        return []
+    out: list[tuple] = []
+    if c["spread"]:
+        out.append(("table", ["arm", "workload", "repeats", "final improvement: mean", "sd", "min to max"],
+                    [[s["arm"], s["workload"], str(s["repeats"]), f"{s['mean']:+.4g}", f"{s['sd']:.3g}",
+                      f"{s['min']:+.4g} to {s['max']:+.4g}"] for s in c["spread"]]))
+    return out + pair_blocks(c) + [("p", line) for line in c.get("disagree", [])]
+
+
+def pair_blocks(c: dict[str, Any] | None) -> list[tuple]:
+    """Per pair of arms, how often their repeats agree on the order; the most and least consistent arm."""
+    if not c or not c["pairs"]:
+        return []
+    per_arm = c["per_arm"]
+    return [("table", ["arm", "opponent", "tasks", "same order across repeats"],
+             [[p["arm"], p["opponent"], str(p["tasks"]), f"{p['rate']:.0%}"] for p in c["pairs"]]),
+            ("p", f"Most consistent: {c['most']} ({per_arm[c['most']]:.0%} on average over its pairs); "
+                  f"least: {c['least']} ({per_arm[c['least']]:.0%}); gap {c['gap']:.0%}. "
+                  f"50% is a coin toss, 100% the same order every time.")]
+
+
+def _block_lines(blocks: list[tuple]) -> list[str]:
+    lines: list[str] = []
+    for b in blocks:
+        lines += (_table(b[1], b[2]) if b[0] == "table" else [b[1]]) + [""]
+    return lines
+
+
 def markdown(result: dict[str, Any]) -> str:
     n_tasks, arms = len(result["tasks"]), result["arms"]
     lines = [f"# Elo of {len(arms)} arms over {n_tasks} tasks", "",
              f"Each task compares its arms' best so far at the {result['unit']} every one of them reached; "
              f"a gap within {result['tie_z']:g} standard error(s) of the task's noise floor is a tie. "
-             f"Bradley-Terry fit on the Elo scale; {result['level']:.0%} intervals from {result['draws']} "
-             f"bootstrap draws over tasks (seed {result['seed']}).", ""]
+             f"Bradley-Terry fit on the Elo scale; {result['level']:.0%} intervals from {method(result)} "
+             f"(seed {result['seed']}).", ""]
     several = len(result["components"]) > 1
     for c, group in enumerate(result["components"]):
         members = [a for a in arms if a["component"] == c]
@@ -106,6 +148,8 @@ def markdown(result: dict[str, Any]) -> str:
                       *marginal_table(result, c), ""]
     if len(arms) > 1:
         lines += ["## Head to head (the row's wins-losses-ties against the column)", "", *pairwise_table(result), ""]
+    if consistency_blocks(result.get("consistency")):
+        lines += ["## Consistency of repeats", "", *_block_lines(consistency_blocks(result["consistency"]))]
     lines += ["## Elo at fractions of each task's budget", "", *budget_table(result), "",
               "## Tasks", "", *tasks_table(result), ""]
     if result["notes"]:
@@ -122,7 +166,7 @@ def report_blocks(result: dict[str, Any] | None) -> list[tuple]:
         return out + [("p", f"Not available: {result['error']}")]
     out.append(("p", f"Bradley-Terry ratings over {len(result['tasks'])} task(s) (see docs/elo.md; "
                      f"`harness elo` gives more): each task's arms compared at the {result['unit']} all reached, "
-                     f"{result['level']:.0%} intervals from {result['draws']} bootstrap draws over tasks."))
+                     f"{result['level']:.0%} intervals from {method(result)}."))
     for c, group in enumerate(result["components"]):
         members = [a for a in result["arms"] if a["component"] == c]
         out.append(("table", *ratings_rows(result, members)))

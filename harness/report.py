@@ -8,15 +8,17 @@ docs/report.md explains every figure.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .executors import sandbox
-from . import events, figures, ledger, spend
+from . import decide, events, figures, ledger, spend
 from .errors import HarnessError
 from .report_diff import changed_names
+from . import repeats, report_verdict
 
 FAILED = ("crash", "timeout", "invalid")
 SHOWN_STATUSES = ("keep", "discard", "crash", "timeout", "invalid")
@@ -39,6 +41,7 @@ class ArmData:
     git_dir: Path | None = None  # a checkout in which the kept commits can be diffed
     sandbox: str | None = None  # what ran the jobs (run.json): bwrap, off; None = not recorded
     arm: str = ""  # the A/B arm's name (a, b) when it came from an A/B run
+    group: str | None = None  # a tournament arm's name when this ledger is one of its repeats
 
 
 @dataclass
@@ -91,6 +94,8 @@ def load_arm(label: str, path: Path, setup: dict[str, Any] | None = None) -> Arm
     arm.model = (setup.get("model") or manifest.get("model")
                  or (researched[0].get("model") if researched else None) or None)
     arm.sandbox = manifest.get("sandbox")
+    if cfg.get("repeat") and cfg.get("arm"):  # one repeat of a tournament's arm: pooled with the others
+        arm.group = str(cfg["arm"])
     if arm.sandbox == "bwrap" and manifest.get("sandbox_caps"):  # what the job held, read inside it
         arm.sandbox = f"bwrap ({sandbox.caps_line(manifest['sandbox_caps'])})"
     worktree = path.parent / "worktree"
@@ -223,7 +228,7 @@ def arm_figures(arm: ArmData) -> dict[str, Any]:
         "label": arm.label, "arm": arm.arm, "ledger": str(arm.ledger), "agent": arm.agent, "model": arm.model,
         "metric": arm.metric, "direction": arm.direction,
         "experiments": len(exp), "counts": counts,
-        "acceptance_rate": _ratio(counts["keep"], len(exp)),
+        "acceptance_rate": report_verdict.acceptance(counts),
         "baseline": head.baseline, "best": head.best, "best_commit": head.best_commit,
         "improvement": improvement, "improvement_pct": head.improvement_pct,
         "failed_baselines": head.failed_baselines,
@@ -289,78 +294,6 @@ def convergent(arms: list[ArmData]) -> dict[str, Any]:
     return {**both, "per_arm": per_arm}
 
 
-def bootstrap_diff(a: list[int], b: list[int], draws: int = BOOTSTRAP_DRAWS,
-                   seed: int = BOOTSTRAP_SEED) -> tuple[float, float, float] | None:
-    """Difference of means a - b and its 95% percentile bootstrap interval (fixed seed)."""
-    if not a or not b:
-        return None
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    xa, xb = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    da = xa[rng.integers(0, len(xa), (draws, len(xa)))].mean(axis=1)
-    db = xb[rng.integers(0, len(xb), (draws, len(xb)))].mean(axis=1)
-    lo, hi = np.percentile(da - db, [2.5, 97.5])
-    return float(xa.mean() - xb.mean()), float(lo), float(hi)
-
-
-def verdict(arms: list[ArmData], figs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Name a winner only when the improvement gap beats the baseline gap (a noise proxy)
-    and the acceptance-rate interval lies wholly on the winner's side of zero."""
-    out: dict[str, Any] = {"winner": None, "mixed_scaffolds": len({f["agent"] for f in figs}) > 1,
-                           "ranked": [], "text": []}
-    if len(figs) < 2:
-        out["text"].append("One run only: nothing to compare.")
-        return out
-    if len({f["metric"] for f in figs}) > 1 or len({f["direction"] for f in figs}) > 1:
-        out["text"].append("The runs measure different metrics or directions; they cannot be compared.")
-        return out
-    ranked = sorted(range(len(figs)), key=lambda i: -(figs[i]["improvement"]
-                                                      if figs[i]["improvement"] is not None else float("-inf")))
-    top, second = figs[ranked[0]], figs[ranked[1]]
-    out["ranked"] = [figs[i]["label"] for i in ranked]
-    if top["improvement"] is None or second["improvement"] is None:
-        out["text"].append("No clear winner: an arm has no baseline or best value yet.")
-        return out
-    gap = top["improvement"] - second["improvement"]
-    baseline_gap = abs(top["baseline"] - second["baseline"])
-    sigmas = [f["noise_sigma"] for f in (top, second) if f["noise_sigma"] is not None]
-    noise = max([baseline_gap, *sigmas])
-    ci = bootstrap_diff(*[[1 if r.get("status") == "keep" else 0 for r in experiments_of(arms[i])]
-                          for i in ranked[:2]])
-    out.update(improvement_gap=gap, baseline_gap=baseline_gap, noise=noise,
-               acceptance_diff=None if ci is None else ci[0],
-               acceptance_ci95=None if ci is None else [ci[1], ci[2]])
-    t, s = top["label"], second["label"]
-    lines = [f"Improvement: {t} {top['improvement']:.6g} vs {s} {second['improvement']:.6g} "
-             f"(gap {gap:.6g}); the two baselines differ by {baseline_gap:.6g}, a proxy for run-to-run noise"
-             + (f"; the measured noise floor (sigma) is {max(sigmas):.6g}" if sigmas else "") + "."]
-    if ci is None:
-        lines.append("Acceptance rates: an arm has no experiments yet, so there is no interval.")
-    else:
-        lines.append(f"Acceptance rate {t} minus {s}: {ci[0]:+.1%}, 95% bootstrap interval "
-                     f"[{ci[1]:+.1%}, {ci[2]:+.1%}].")
-    within = gap <= noise
-    unsure = ci is None or ci[1] <= 0
-    if within or unsure:
-        why = ("the improvement gap is within the baseline difference" if within
-               else "the acceptance-rate interval includes zero or favours the other arm")
-        lines.append(f"**No clear winner**: {why}.")
-    else:
-        out["winner"] = t
-        lines.append(f"**Winner: {t}** ({top['agent']}, {top['model'] or 'no model'}): it improved more than "
-                     f"the baseline noise and accepted more of its proposals.")
-    if out["mixed_scaffolds"]:
-        lines.append("The comparison mixes scaffolds (agent backends " + " vs ".join(
-            sorted({str(f['agent']) for f in figs})) + "): a difference may come from the scaffold, "
-            "not the model.")
-    if noise == 0:
-        lines.append("The noise proxy is zero (identical baselines, no measured spread): any gap counts. "
-                     "Repeat the baseline (--baseline-runs) when training is not deterministic.")
-    out["text"] = lines
-    return out
-
-
 # ---------------------------------------------------------------------------
 # The whole report
 
@@ -368,47 +301,43 @@ def verdict(arms: list[ArmData], figs: list[dict[str, Any]]) -> dict[str, Any]:
 def summarize(paths: list[Path]) -> tuple[dict[str, Any], list[ArmData]]:
     arms, setup = find_arms(paths)
     figs = [arm_figures(a) for a in arms]
+    groups = report_verdict.group_units([a.group or a.label for a in arms])
+    pooled = [report_verdict.pooled(arm_label(arms[g[0]], figs[g[0]]), [figs[i] for i in g]) for g in groups]
+    samples = [[unit_sample(arms[i], figs[i], figs) for i in g] for g in groups]
     summary = {
         "metric": figs[0]["metric"], "direction": figs[0]["direction"],
         "inputs": [str(p) for p in paths], "ab": setup,
-        "arms": figs, "convergent": convergent(arms), "verdict": verdict(arms, figs),
+        "arms": figs, "pooled": pooled, "convergent": convergent(arms),
+        "verdict": report_verdict.verdict(pooled, samples),
     }
+    summary["consistency"] = repeats.for_report(pooled, figs, summary["convergent"]["per_arm"])
+    summary["verdict"]["text"] += summary["consistency"]["disagree"]
     if len(arms) > 1:
         from . import elo
 
         summary["elo"] = elo.report_section(paths)  # Bradley-Terry across the runs' tasks
-        agree_with_elo(summary["verdict"], summary["elo"], arms)
+        ledgers = {p["label"]: [arms[i].ledger for i in g] for p, g in zip(pooled, groups)}
+        report_verdict.agree_with_elo(summary["verdict"], summary["elo"], ledgers)
     return summary, arms
 
 
-def agree_with_elo(out: dict[str, Any], rated: dict[str, Any], arms: list[ArmData]) -> None:
-    """The verdict and the Elo section never disagree: a winner is named only when the Elo across
-    tasks ranks it above the runner-up too (and, with an interval, beyond it)."""
-    if len(out.get("ranked") or []) < 2 or "error" in rated:
-        return
-    by_ledger = rated.get("ledger_arms", {})
-    label_arm = {a.label: by_ledger.get(str(Path(a.ledger).resolve())) for a in arms}
-    table = {a["arm"]: a for a in rated.get("arms", [])}
-    first, second = (table.get(label_arm.get(label) or "") for label in out["ranked"][:2])
-    if first is None or second is None or first["elo"] is None or second["elo"] is None:
-        return
-    diff = first["elo"] - second["elo"]
-    anchors = {g.get("anchor") for g in rated.get("components", [])}
-    interval = None  # the difference's interval: each arm's interval is relative to its anchor
-    if first["arm"] in anchors and second.get("ci"):
-        interval = (first["elo"] - second["ci"][1], first["elo"] - second["ci"][0])
-    elif second["arm"] in anchors and first.get("ci"):
-        interval = (first["ci"][0] - second["elo"], first["ci"][1] - second["elo"])
-    line = f"Elo across tasks: {out['ranked'][0]} minus {out['ranked'][1]} {diff:+.0f}"
-    line += f", interval [{interval[0]:+.0f}, {interval[1]:+.0f}]." if interval else "."
-    text = out["text"]
-    text.insert(len(text) - (1 if out.get("mixed_scaffolds") else 0) - (1 if out.get("noise") == 0 else 0), line)
-    if out.get("winner") and (diff <= 0 or (interval is not None and interval[0] <= 0)):
-        out["winner"] = None
-        out["elo_disagrees"] = True
-        why = "ranks it no higher" if diff <= 0 else "has an interval that includes zero"
-        text[:] = [t if not t.startswith("**Winner") else
-                   f"**No clear winner**: the Elo across tasks {why} than {out['ranked'][1]}." for t in text]
+def arm_label(arm: ArmData, fig: dict[str, Any]) -> str:
+    """A pooled arm's label: its name; the A/B's positional a and b by what they ran, as name_by_model."""
+    if arm.group is None:
+        return fig["label"]
+    if arm.group in ("a", "b"):
+        return f"{fig['model'] or 'no model'} ({fig['agent'] or 'unknown agent'})"
+    return arm.group
+
+
+def unit_sample(arm: ArmData, fig: dict[str, Any], figs: list[dict[str, Any]]) -> report_verdict.UnitSample:
+    """The verdict's bootstrap input for one ledger; its noise floor: the sigma the gate recorded, else
+    its repeats of identical code, else the spread of all the compared baselines (the same code)."""
+    sigma = fig["noise_sigma"] or decide.pooled_sigma(decide.repeat_groups(arm.rows))
+    baselines = [f["baseline"] for f in figs if f["baseline"] is not None]
+    if sigma is None and len(baselines) > 1:
+        sigma = statistics.stdev(baselines)
+    return report_verdict.unit_sample(arm.rows, arm.direction, arm.columns, sigma)
 
 
 def default_out(paths: list[Path]) -> Path:

@@ -129,14 +129,18 @@ def _na(f: dict[str, Any], key: str) -> str | None:
 
 
 def table_rows(summary: dict[str, Any]) -> list[list[str]]:
+    """One column per arm: an arm's repeats are pooled (counts and spend summed, levels averaged)."""
     metric = summary["metric"]
-    arms = summary["arms"]
-    spec = [("agent", "agent", "text"), ("model", "model", "text"), ("experiments", "experiments", "int")]
+    arms = summary.get("pooled") or summary["arms"]
+    spec = [("agent", "agent", "text"), ("model", "model", "text")]
+    if any(f.get("repeats", 1) > 1 for f in arms):
+        spec.append(("repeats pooled (levels: their mean)", "repeats", "int"))
+    spec.append(("experiments", "experiments", "int"))
     rows = [[name] + [fmt(f[key], kind) for f in arms] for name, key, kind in spec]
     counts = pd.DataFrame([f["counts"] for f in arms]).fillna(0).astype(int)  # arm x status, in first-seen order
     rows += [[f"  {status}"] + [fmt(int(n), "int") for n in counts[status]] for status in counts]
     spec = [
-        ("acceptance rate", "acceptance_rate", "rate"),
+        ("acceptance rate (skips left out)", "acceptance_rate", "rate"),
         (f"baseline {metric}", "baseline", "num"), (f"best {metric}", "best", "num"),
         ("improvement", "improvement", "signed"), ("improvement %", "improvement_pct", "pct"),
         ("noise floor sigma (latest)", "noise_sigma", "num"),
@@ -178,7 +182,8 @@ def blocks(summary: dict[str, Any], images: dict[str, Any]) -> list[tuple]:
     out.append(("h2", "Verdict"))
     out += [("p", line) for line in summary["verdict"]["text"]]
     out.append(("h2", "Side by side"))
-    out.append(("table", ["", *[f["label"] for f in arms]], table_rows(summary)))
+    out.append(("table", ["", *[f["label"] for f in summary.get("pooled") or arms]], table_rows(summary)))
+    out += consistency_blocks(summary)
     out += elo_render.report_blocks(summary.get("elo"))
     out.append(("h2", "Plots"))
     out += [("p", note) for note in summary.get("notes", [])]
@@ -223,6 +228,24 @@ def blocks(summary: dict[str, Any], images: dict[str, Any]) -> list[tuple]:
                              + (", ".join(names["hyperparameters"]) or "none") + "; code "
                              + (", ".join(names["code"]) or "none") + "."))
     return out
+
+
+def consistency_blocks(summary: dict[str, Any]) -> list[tuple]:
+    """Would the same researcher do it again: each arm's repeats, and the order of arms across them."""
+    arms = (summary.get("consistency") or {}).get("arms") or {}
+    if not arms:
+        return []
+    out: list[tuple] = [("h2", "Consistency of repeats")]
+    rows = []
+    for label, a in arms.items():
+        s, rec = a["spread"], a["recurring"]
+        names = "unknown (no checkout to diff)" if rec is None else ", ".join(
+            f"`{n}` ({c})" for n, c in rec["hyperparameters"] + rec["code"]) or "none"
+        rows.append([label, fmt(s and s["repeats"], "int"), fmt(s and s["mean"], "signed"), fmt(s and s["sd"]),
+                     "unknown" if s is None else f"{s['min']:+.6g} to {s['max']:+.6g}", names])
+    out.append(("table", ["arm", "repeats", "improvement: mean", "sd", "min to max",
+                          "kept changes in two repeats or more (repeats)"], rows))
+    return out + elo_render.pair_blocks((summary.get("elo") or {}).get("consistency"))
 
 
 def _md_cell(text: str) -> str:

@@ -372,3 +372,66 @@ def test_arm_and_task_identity_rules(tmp_path: Path):
     put("t4/fast", "fast", "gpt-5.4", 0.6, repeat=1)
     with pytest.raises(EloInputError, match="both arm fast"):
         analyze([tmp_path / "t3", tmp_path / "t4"])
+
+
+# ---------------------------------------------------------------------------
+# Calibrated intervals (benchmarks/elo_coverage.py) and the consistency of repeats
+
+
+def coverage_benchmark():
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import elo_coverage
+
+    return elo_coverage
+
+
+def test_the_coverage_benchmarks_smallest_configuration_is_what_harness_elo_runs(tmp_path: Path):
+    """The benchmark fits arrays, `harness elo` ledgers: the same tournament gives the same intervals."""
+    import numpy as np
+
+    bench = coverage_benchmark()
+    strengths, u = bench.simulate(2, 1, 2, np.random.default_rng(3))  # 2 arms, 1 workload, 2 repeats
+    commit = commit_of("coverage")
+    for t in range(u.shape[0]):
+        for a in range(u.shape[1]):
+            final = 1.0 - 0.1 / (1 + math.exp(-u[t, a]))  # better with u, as the benchmark's outcomes say
+            write_ledger(tmp_path / f"r{t + 1}" / f"arm{a}" / "results.tsv", arm=f"arm{a}", agent="codex",
+                         model=f"m{a}", baseline_commit=commit, baseline=1.0, repeat=t + 1,
+                         values=[("discard", 1.01), ("keep", final)])
+    for method in ("posterior", "bootstrap"):
+        result = analyze([tmp_path], draws=300, level=0.9, points=(1.0,), interval=method)
+        assert [a["arm"] for a in result["arms"]] == ["arm0", "arm1"] and len(result["tasks"]) == 2
+        draws = bench.draws_of(u, elo.Settings(interval=method, draws=300, seed=0))
+        expected = elo.intervals(draws, 0.9, 2)
+        assert by_arm(result)["arm1"]["ci"] == pytest.approx(list(expected[1]))
+    cell = bench.cell(2, 1, 2, reps=10)
+    assert set(cell) == {"before 90%", "before 95%", "after 90%", "after 95%"}
+    assert all(0 <= v["coverage"] <= 1 and v["width"] > 0 for k, v in cell.items() if k.startswith("after"))
+    assert bench.cell(2, 1, 1, reps=3)["after 90%"] == {"coverage": None, "width": None}  # one task
+
+
+def test_one_task_says_no_interval_instead_of_a_zero_width_one(tmp_path: Path):
+    tournament(tmp_path, FOUR[:2], workloads=1, repeats=1, seed=5)
+    result = analyze([tmp_path], draws=200)
+    assert [a["ci"] for a in result["arms"]] == [None, None]
+    assert any(n.startswith(elo.ONE_TASK) for n in result["notes"])
+    md = elo_render.markdown(result)
+    ratings = md.split("## Ratings", 1)[1].split("##", 1)[0]
+    assert ratings.count(elo.ONE_TASK) == 2
+
+
+def test_consistency_of_repeats_per_pair_and_arm(tmp_path: Path):
+    arms = [SimArm("control", "mutate", None, 0.0), SimArm("strong", "codex", "s", 3.0),
+            SimArm("coin", "claude", "c", 0.0)]
+    tournament(tmp_path, arms, workloads=1, repeats=6, seed=11)
+    result = analyze([tmp_path], draws=100, points=(1.0,))
+    c = result["consistency"]
+    pairs = {frozenset((p["arm"], p["opponent"])): p for p in result["pairwise"]}
+    for rate in c["pairs"]:
+        p = pairs[frozenset((rate["arm"], rate["opponent"]))]
+        assert rate["tasks"] == 6
+        assert rate["rate"] == pytest.approx((max(p["wins"], p["losses"]) + p["ties"] / 2) / 6)
+    assert c["most"] == "strong" and c["gap"] == pytest.approx(c["per_arm"]["strong"] - c["per_arm"][c["least"]])
+    assert {s["arm"] for s in c["spread"]} == {"control", "strong", "coin"}
+    assert all(s["repeats"] == 6 and s["min"] <= s["mean"] <= s["max"] for s in c["spread"])
+    assert "## Consistency of repeats" in elo_render.markdown(result)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -27,18 +28,20 @@ CHROMIUM = Path("/usr/bin/chromium")
 
 
 def write_ledger(path: Path, values: list[tuple[str, float | None]], base: float = 1.0,
-                 agent: str = "scripted", train_s: float = 60.0, cost: float | None = 0.02) -> Path:
-    """A ledger in the harness's schema: a baseline, then (status, value) experiments."""
+                 agent: str = "scripted", train_s: float = 60.0, cost: float | None = 0.02,
+                 sigma: float | None = None, model: str = "m") -> Path:
+    """A ledger in the harness's schema: a baseline, then (status, value) experiments (each row
+    recording the noise floor sigma, when given, as the noise gate does)."""
     best = base
     ledger.append(path, "val_bpb", Row(commit="0" * 12, metric=base, status="keep", description="baseline",
                                        iteration=0, train_s=train_s, wall_s=train_s + 1, agent=agent,
-                                       started_at="2026-01-01T00:00:00Z"))
+                                       started_at="2026-01-01T00:00:00Z", sigma=sigma))
     for i, (status, value) in enumerate(values, 1):
         ledger.append(path, "val_bpb", Row(
             commit=f"{i:012x}", metric=value, status=status, description=f"try {i}", iteration=i,
-            agent=agent, model="m", best_before=best, delta=None if value is None else value - best,
+            agent=agent, model=model, best_before=best, delta=None if value is None else value - best,
             agent_s=30.0, train_s=train_s if value is not None else 5.0, wall_s=train_s + 40,
-            input_tokens=20_000, cached_tokens=5_000, output_tokens=2_000, cost_usd=cost))
+            input_tokens=20_000, cached_tokens=5_000, output_tokens=2_000, cost_usd=cost, sigma=sigma))
         if status == "keep":
             best = value
     return path
@@ -197,7 +200,7 @@ def test_the_verdict_never_names_a_winner_the_elo_does_not(tmp_path: Path):
                                                description="baseline" if i == 0 else f"try {i}", iteration=i,
                                                agent="x", model=model, train_s=train_s, wall_s=train_s,
                                                agent_s=None if i == 0 else 1.0, input_tokens=10, output_tokens=1))
-    write("a", "model-a", [("keep", 1.0, 10), ("keep", 0.9, 100), ("keep", 0.8, 100)])
+    write("a", "model-a", [("keep", 1.0, 10), ("keep", 0.65, 100), ("keep", 0.3, 100)])
     write("b", "model-b", [("keep", 1.0, 10), ("keep", 0.85, 10), ("discard", 0.9, 10), ("discard", 0.95, 10),
                            ("discard", 0.99, 10)])
     (run_dir / "ab.json").write_text(json.dumps({"arms": {"a": {"agent": "x", "model": "model-a"},
@@ -208,3 +211,82 @@ def test_the_verdict_never_names_a_winner_the_elo_does_not(tmp_path: Path):
     assert elo["x:model-b"] > elo["x:model-a"]
     assert verdict["winner"] is None and verdict.get("elo_disagrees")
     assert any(t.startswith("Elo across tasks") for t in verdict["text"])
+
+
+def tournament_dir(root: Path, units: dict[tuple[str, int], list], agent: str = "cmd") -> Path:
+    """A tournament's folder as `harness ab --arm ... --repeats R` leaves it: one unit per
+    (arm, repeat) with its ledger and run.json, and ab.json naming each unit's arm and repeat."""
+    arms = {}
+    for (arm, k), values in units.items():
+        unit = f"{arm}-r{k}"
+        write_ledger(root / unit / "results.tsv", values, agent=agent)
+        (root / unit / "run.json").write_text(json.dumps({"config": {"arm": arm, "repeat": k}}))
+        arms[unit] = {"arm": arm, "repeat": k, "agent": agent, "researcher": agent, "model": None}
+    (root / "ab.json").write_text(json.dumps({"tag": root.name, "schedule": "interleave", "gpus": [],
+                                              "baseline_commit": "0" * 40, "repeats": 2, "arms": arms}))
+    return root
+
+
+def test_a_tournament_verdict_pools_repeats_and_compares_arms_only(tmp_path: Path):
+    good = [("keep", 0.97), ("keep", 0.94), ("discard", 1.0), ("keep", 0.91), ("keep", 0.88), ("keep", 0.85)]
+    meh = [("keep", 0.99), ("discard", 1.01), ("discard", 1.02), ("discard", 1.0), ("discard", 1.03), ("discard", 1.1)]
+    run = tournament_dir(tmp_path / "t", {("good", 1): good, ("good", 2): good[:-1] + [("keep", 0.86)],
+                                          ("meh", 1): meh, ("meh", 2): meh})
+    built = report.build([run])
+    v = built.summary["verdict"]
+    assert v["ranked"] == ["good", "meh"]  # arms, never good-r1 against good-r2
+    assert not v["mixed_scaffolds"] and "mixes scaffolds" not in built.markdown.read_text()
+    assert v["winner"] == "good" and v["intervals"]["improvement"][0] > 0
+    (table,) = [line for line in built.markdown.read_text().splitlines() if line.startswith("|  |")]
+    assert table == "|  | good | meh |"  # one column per arm, not per repeat
+    pooled = {p["label"]: p for p in built.summary["pooled"]}
+    assert pooled["good"]["repeats"] == 2 and pooled["good"]["experiments"] == 12
+    assert pooled["good"]["improvement"] == pytest.approx((0.15 + 0.14) / 2)
+    assert pooled["meh"]["acceptance_rate"] == pytest.approx(2 / 12)
+
+
+def test_a_big_improvement_gap_is_a_winner_and_a_skip_is_not_a_rejection(tmp_path: Path):
+    """About 90 noise-floor sigmas apart; most of a's proposals were skips (code already tried)."""
+    a = [("keep", 0.9775), ("skip", None), ("skip", None), ("keep", 0.955), ("skip", None), ("skip", None),
+         ("keep", 0.9325), ("skip", None), ("skip", None), ("keep", 0.91), ("skip", None), ("skip", None)]
+    b = [("keep", 0.999)] + [("discard", 1.002)] * 11
+    root = tmp_path / "ab"
+    write_ledger(root / "a" / "results.tsv", a, sigma=0.001, model="big")
+    write_ledger(root / "b" / "results.tsv", b, sigma=0.001, model="small")
+    (root / "ab.json").write_text(json.dumps({"tag": "ab", "arms": {}}))
+    built = report.build([root])
+    v = built.summary["verdict"]
+    assert v["improvement_gap"] / 0.001 > 85
+    arm_a = next(f for f in built.summary["arms"] if f["label"] == "a")
+    assert arm_a["acceptance_rate"] == 1.0  # 4 keeps of 4 judged proposals; the 8 skips were never judged
+    assert v["winner"] == "a", v["text"]
+    assert v["intervals"]["improvement"][0] > 0 and v["better"]["improvement"] == "a"
+    text = "\n".join(v["text"])
+    assert "interval" in text and "No clear winner" not in text
+    for figure in ("improvement_per_gpu_hour", "improvement_per_1m_tokens", "improvement_per_usd"):
+        lo, hi = v["intervals"][figure]
+        assert lo > 0 and v["better"][figure] == "a"  # named better only where the interval excludes zero
+    # One A/B is one task: its Elo has no interval, and says so, rather than a zero-width one.
+    md = built.markdown.read_text()
+    assert not re.search(r"\[([+-]?[\d.]+), \1\]", md), "a zero-width interval"
+    assert "one task: no interval" in md
+    assert any(t.startswith("Elo across tasks") and "one task: no interval" in t for t in v["text"])
+
+
+def test_a_tournament_whose_repeats_disagree_says_so(tmp_path: Path):
+    def night(final: float) -> list:
+        return [("discard", 1.01), ("keep", final), ("discard", 1.02)]
+
+    run = tournament_dir(tmp_path / "t", {("wild", 1): night(0.70), ("wild", 2): night(0.999),
+                                          ("steady", 1): night(0.81), ("steady", 2): night(0.79)})
+    built = report.build([run])
+    arms = built.summary["consistency"]["arms"]
+    assert arms["wild"]["spread"]["min"] == pytest.approx(0.001) and arms["wild"]["spread"]["max"] == pytest.approx(0.3)
+    assert arms["steady"]["spread"]["sd"] == pytest.approx(statistics.stdev([0.19, 0.21]))
+    text = built.summary["verdict"]["text"]
+    (line,) = [t for t in text if "disagree with each other" in t]
+    assert line.startswith("wild's 2 repeats")  # 0.3 apart, while the arms' means are 0.0495 apart
+    md = built.markdown.read_text()
+    assert "## Consistency of repeats" in md and "same order across repeats" in md
+    pair = built.summary["elo"]["consistency"]["pairs"][0]
+    assert pair["tasks"] == 2 and pair["rate"] == 0.5  # wild won one repeat and lost the other

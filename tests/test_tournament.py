@@ -60,3 +60,11 @@ def test_three_arms_two_repeats_two_workloads_then_elo(tmp_path: Path):
     assert len(data["tasks"]) == 4  # two workloads x two repeats
     elo = {a["arm"]: a["elo"] for a in data["arms"]}
     assert elo["good"] > elo["meh"] > elo["bad"], elo
+    # The repeats agree: every pair in the same order in all four tasks, each arm's spread per workload.
+    consistency = data["consistency"]
+    assert sorted((p["tasks"], p["rate"]) for p in consistency["pairs"]) == [(4, 1.0)] * 3
+    assert consistency["gap"] == 0 and len(consistency["spread"]) == 6  # 3 arms x 2 workloads
+    # The report pools each arm's two repeats: one column per arm, the arms compared, not repeats.
+    summary = json.loads((repos[0] / "runs" / "t" / "summary.json").read_text())
+    assert sorted(p["label"] for p in summary["pooled"]) == ["bad", "good", "meh"]
+    assert summary["verdict"]["ranked"][0] == "good"
