@@ -432,7 +432,7 @@ def report(paths, out):
               show_default=True, help="Compare each task's arms at the spend of this they all reached.")
 @click.option("--anchor", default=None, help="The arm rated 1000 (default: the mutate control arm, else the first).")
 @click.option("--bootstrap", "draws", type=click.IntRange(0), default=1000, show_default=True,
-              help="Bootstrap draws over tasks for the intervals (0: none).")
+              help="Draws from the Bradley-Terry posterior for the intervals (0: none).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bootstrap.")
 @click.option("--ci", "level", type=click.FloatRange(0.5, 0.999), default=0.95, show_default=True,
               help="Interval level.")
