@@ -24,6 +24,7 @@ from . import __version__, decide, events, figures, ledger, ledgerguard, pricing
 from .agents import Researcher, make_researcher, routing_mismatch
 from .config import RunConfig, compare_resume, refusal_message
 from .errors import RepoError
+from .agents import sandboxed
 from .executors import sandbox
 from .gitgate import GitGate, sha256_file
 from .ledger import Row
@@ -114,6 +115,7 @@ def write_manifest(cfg: RunConfig, researcher: Researcher, base: str, program: s
         "researcher": researcher.describe(),
         "program_sha256": hashlib.sha256(program.encode()).hexdigest(),
         "sandbox": sandbox.resolve(cfg.sandbox).mode,  # issue 13: what runs the jobs (bwrap | off)
+        "agent_sandbox": sandboxed.resolve(cfg.agent_sandbox).mode,  # issue 22: what runs the researcher
     }
     write_json(cfg.run_dir / "run.json", manifest)
 

@@ -58,6 +58,8 @@ def parse_codex_events(text: str) -> CLIOutput:
 
 class CodexResearcher(CLIResearcher):
     name = "codex"
+    config_names = (".codex",)  # its login and settings, bound into its sandbox
+    config_vars = ("CODEX_HOME",)
     default_executable = "codex"
     install_hint = INSTALL_HINT
     key_vars = KEY_VARS["codex"]
