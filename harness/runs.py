@@ -26,7 +26,7 @@ from .config import RunConfig, compare_resume, refusal_message
 from .errors import RepoError
 from .agents import sandboxed
 from .executors import sandbox
-from .gitgate import GitGate, sha256_file
+from .gitgate import GitGate, Worktree, data_files
 from .ledger import Row
 from .step import (INTERRUPTED, Candidate, Context, RunState, conflict_row, judge_candidate, memory_gb,
                    now_iso, pending, rebased, rel, repeat_row, train, write_journal)
@@ -156,7 +156,8 @@ def link_results(cfg: RunConfig) -> None:
 
 def first_state(cfg: RunConfig, base: str, worktree: Path) -> RunState:
     """The state before the baseline is measured: the parent of the first proposals is known."""
-    hashes = {p: sha256_file(worktree / p) for p in cfg.protected}
+    with Worktree(worktree) as wt:  # from git's objects: the worktree leaves the protected data out
+        hashes = {p: wt.committed_sha256(base, p) for p in cfg.protected}
     return RunState(base, base, float("nan"), 0, hashes)
 
 
@@ -218,7 +219,7 @@ def reconcile(ctx: Context, base: str, verify: bool = False) -> RunState | None:
     ctx.wt.reset_hard(best_commit)
     tried_file = cfg.run_dir / "tried.txt"
     tried = set(tried_file.read_text().split()) if tried_file.exists() else set()
-    hashes = {p: sha256_file(cfg.worktree / p) for p in cfg.protected}
+    hashes = {p: ctx.wt.committed_sha256(base or best_commit, p) for p in cfg.protected}
     last = max((r.get("iteration") or 0) for r in rows)
     if cfg.gate == "noise":
         best_value, best_runs = decide.best_estimate(rows, best)
@@ -305,7 +306,7 @@ def open_run(cfg: RunConfig, resume: bool, progress: Progress = no_progress,
     gate.ensure_excluded()
     cfg.logs_dir.mkdir(parents=True, exist_ok=True)
     if resume:
-        gate.attach_worktree(cfg.worktree, cfg.branch)
+        gate.attach_worktree(cfg.worktree, cfg.branch, data_files(cfg.protected))
         manifest = read_manifest(cfg)
         base = manifest.get("baseline_commit", base)
         changed = routing_mismatch(manifest, researcher.name, pricing.resolve_model(cfg.model),
@@ -321,7 +322,7 @@ def open_run(cfg: RunConfig, resume: bool, progress: Progress = no_progress,
     else:
         if cfg.worktree.exists() or cfg.ledger_path.exists():
             raise RepoError(f"{cfg.run_dir} already holds a run; choose another --tag or remove it.")
-        base = gate.create_worktree(cfg.worktree, cfg.branch, cfg.from_rev)
+        base = gate.create_worktree(cfg.worktree, cfg.branch, cfg.from_rev, data_files(cfg.protected))
     program = program_text(cfg, gate, base)
     if not resume:
         write_manifest(cfg, researcher, base, program)

@@ -114,8 +114,9 @@ def check(ctx: Context, parent: str, state: RunState) -> str | None:
             return f"deleted {c.path}"
         if p.is_symlink():
             return f"{c.path} became a symlink"
+    left_out = ctx.wt.left_out()  # the protected data: not in the researcher's worktree at all
     for path, digest in state.protected_hashes.items():
-        if sha256_file(ctx.wt.path / path) != digest:
+        if path not in left_out and sha256_file(ctx.wt.path / path) != digest:
             return f"protected file {path} changed"
     return None
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from .. import events
 from ..errors import AgentError
 from ..executors import sandbox
+from ..gitgate import data_files
 
 HARNESS_PACKAGE = Path(__file__).resolve().parent.parent
 DATA_CACHE = Path.home() / ".cache" / "autoresearch-harness"  # prepare.py's default HARNESS_CACHE_DIR
@@ -40,6 +41,9 @@ NO_CAPS = ("--unshare-user", "--cap-drop", "ALL")  # added when sandbox.wrap doe
 OFF_WARNING = ("the researcher's own process runs unsandboxed: it can read the validation bytes (its "
                "worktree's data, git's objects), rewrite the run folder (run.json, the ledger) and "
                "leave processes that outlive its call")
+
+
+_warned: set[tuple[Path, str]] = set()
 
 
 @dataclass(frozen=True)
@@ -73,12 +77,11 @@ def for_run(cfg, run_dir: Path | None = None) -> Jail:
     except Exception as e:  # ConfigError: --agent-sandbox bwrap where it does not work
         raise AgentError(str(e).replace("--sandbox", "--agent-sandbox")) from None
     where = Path(run_dir or cfg.run_dir)
-    warning = sandbox.warn_once(choice) if choice.warning else (
-        sandbox.warn_once(sandbox.Choice("off", "off", f"--agent-sandbox off: {OFF_WARNING}"))
-        if not choice.on else None)
-    if warning and where.exists():
+    warning = choice.warning or (None if choice.on else f"--agent-sandbox off: {OFF_WARNING}")
+    if warning and where.exists() and (where, warning) not in _warned:  # once per run, in its events
+        _warned.add((where, warning))
         events.record(where, "agent_sandbox_off", warning)
-    data = tuple(p for p in cfg.protected if not p.endswith(".py"))
+    data = data_files(cfg.protected)
     cache = Path(os.environ.get("HARNESS_CACHE_DIR") or DATA_CACHE)
     hidden = (cfg.run_dir, where, Path(cfg.repo), HARNESS_PACKAGE, cache)
     return Jail(sandbox.bwrap_path() if choice.on else None, where / "agent-home",
