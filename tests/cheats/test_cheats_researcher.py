@@ -235,3 +235,29 @@ def test_agent_sandbox_off_is_recorded_and_warned(tmp_path: Path):
     assert json.loads((run_dir / "run.json").read_text())["agent_sandbox"] == "off"
     assert "--agent-sandbox off" in (run_dir / "events.log").read_text()
     assert (run_dir / "logs" / "iter-0001-agent.log").read_text().startswith(f"$ {sys.executable}")
+
+
+def test_the_git_guard_tells_the_harness_sparse_checkout_from_a_researchers_index_flag(tmp_path: Path):
+    """The left-out data is skip-worktree by the harness's doing; a flag the researcher sets is still caught."""
+    from harness import guard
+    from harness.gitgate import GitGate
+
+    repo = make_repo(tmp_path / "research")
+    (repo / "data").mkdir()
+    (repo / "data" / "val.bin").write_bytes(b"held out")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "data")
+    gate = GitGate(repo)
+    wt = gate.detached_worktree(tmp_path / "lane", "main", ("data/val.bin",))
+    assert not (wt.path / "data" / "val.bin").exists() and wt.left_out() == {"data/val.bin"}
+    before = guard.snapshot(wt, "autoresearch/t")
+    parent = wt.head()
+    assert guard.git_problem(wt, "autoresearch/t", parent, ("train.py",), before) is None
+    git(wt.path, "update-index", "--assume-unchanged", "prepare.py")
+    problem = guard.git_problem(wt, "autoresearch/t", parent, ("train.py",), before)
+    assert problem and "prepare.py" in problem and "val.bin" not in problem
+    guard.restore(wt, "autoresearch/t", parent, before)
+    assert wt.left_out() == {"data/val.bin"}  # the researcher's flag cleared, the harness's kept
+    wt.reset_hard(parent)
+    assert not (wt.path / "data" / "val.bin").exists() and git(wt.path, "status", "--porcelain") == ""
+    wt.close()
