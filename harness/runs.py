@@ -115,7 +115,7 @@ def write_manifest(cfg: RunConfig, researcher: Researcher, base: str, program: s
         "researcher": researcher.describe(),
         "program_sha256": hashlib.sha256(program.encode()).hexdigest(),
         "sandbox": sandbox.resolve(cfg.sandbox).mode,  # issue 13: what runs the jobs (bwrap | off)
-        "agent_sandbox": sandboxed.resolve(cfg.agent_sandbox).mode,  # issue 22: what runs the researcher
+        "agent_sandbox": sandboxed.manifest_entry(cfg, researcher),  # issue 22: what runs the researcher
     }
     write_json(cfg.run_dir / "run.json", manifest)
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import events
-from ..errors import AgentError
+from ..errors import AgentError, ConfigError
 from ..executors import sandbox
 from ..gitgate import data_files
 
@@ -55,6 +55,8 @@ class Jail:
     protected_data: tuple[str, ...]  # worktree-relative: the validation bytes
     network: bool = True
     setting: str = "auto"
+    warning: str | None = None  # why it runs unsandboxed, for the run's events (once per run)
+    refusal: str | None = None  # why it may not run at all (--agent-sandbox bwrap where bwrap fails)
 
     @property
     def on(self) -> bool:
@@ -63,29 +65,38 @@ class Jail:
 
 def resolve(setting: str) -> sandbox.Choice:
     """--agent-sandbox auto|bwrap|off, as --sandbox is resolved, with the researcher's warning."""
-    choice = sandbox.resolve(setting)
+    try:
+        choice = sandbox.resolve(setting)
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("--sandbox", "--agent-sandbox")) from None
     if choice.warning:
         return sandbox.Choice("off", setting, choice.warning.replace(sandbox.UNPROTECTED, OFF_WARNING)
                               .replace("--sandbox", "--agent-sandbox"))
     return choice
 
 
+def manifest_entry(cfg, researcher) -> str:
+    """run.json's agent_sandbox: bwrap or off for a researcher that runs a process, else none."""
+    from .cli import CLIResearcher
+    if not isinstance(researcher, CLIResearcher):
+        return "none"  # openai, mutate: the harness applies their edits, no code of theirs runs
+    return resolve(cfg.agent_sandbox).mode
+
+
 def for_run(cfg, run_dir: Path | None = None) -> Jail:
     """The jail of cfg's researchers; its home lives in run_dir (default the run's folder)."""
     try:
         choice = resolve(cfg.agent_sandbox)
-    except Exception as e:  # ConfigError: --agent-sandbox bwrap where it does not work
-        raise AgentError(str(e).replace("--sandbox", "--agent-sandbox")) from None
+    except ConfigError as e:  # --agent-sandbox bwrap where it does not work: refused by the first call
+        return Jail(None, Path(run_dir or cfg.run_dir) / "agent-home", (), (), refusal=str(e))
     where = Path(run_dir or cfg.run_dir)
     warning = choice.warning or (None if choice.on else f"--agent-sandbox off: {OFF_WARNING}")
-    if warning and where.exists() and (where, warning) not in _warned:  # once per run, in its events
-        _warned.add((where, warning))
-        events.record(where, "agent_sandbox_off", warning)
     data = data_files(cfg.protected)
     cache = Path(os.environ.get("HARNESS_CACHE_DIR") or DATA_CACHE)
     hidden = (cfg.run_dir, where, Path(cfg.repo), HARNESS_PACKAGE, cache)
     return Jail(sandbox.bwrap_path() if choice.on else None, where / "agent-home",
-                tuple(dict.fromkeys(Path(p).resolve() for p in hidden)), data, cfg.agent_network, choice.setting)
+                tuple(dict.fromkeys(Path(p).resolve() for p in hidden)), data, cfg.agent_network, choice.setting,
+                warning)
 
 
 @dataclass
@@ -107,24 +118,42 @@ def confine(jail: Jail | None, argv: list[str], worktree: Path, env: dict[str, s
     config: the names in the user's home of the CLI's own settings (".codex", ".claude.json");
     config_vars: the variables that may point the CLI at its settings elsewhere (CODEX_HOME).
     """
+    if jail is not None and jail.refusal:
+        raise AgentError(jail.refusal)
+    if jail is not None and jail.warning:
+        _warn(jail)
     if jail is None or not jail.on:
         return Confined(list(argv), env)
     worktree = Path(worktree)
     jail.home.mkdir(parents=True, exist_ok=True)
-    named = [Path(v) for v in ((env or os.environ).get(var) for var in config_vars) if v and Path(v).is_dir()]
+    base = dict(os.environ if env is None else env)
+    named = []
+    for var in (v for v in config_vars if base.get(v)):
+        folder = Path(base[var])
+        folder.mkdir(parents=True, exist_ok=True)  # what the CLI would make itself: in view, it must exist
+        base[var] = str(folder.resolve())  # bwrap binds no path through a symlinked folder
+        named.append(folder.resolve())
     writable = [jail.home, *_link_config(jail.home, config), *named]
     seen = [*runtime_paths(argv[0]), *readonly, *resolver_paths()]
     (jail.home.parent / "agent-tmp").mkdir(exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="call-", dir=jail.home.parent / "agent-tmp"))
     hidden = [*jail.hidden, worktree / ".git", *(worktree / p for p in jail.protected_data)]
-    wrapped = sandbox.wrap(list(argv), worktree=worktree, tmp_dir=scratch, readonly=seen,
+    argv = [real_folder(argv[0]), *argv[1:]]
+    wrapped = sandbox.wrap(argv, worktree=worktree, tmp_dir=scratch, readonly=seen,
                            hidden=[h for h in hidden if h.exists()], writable=writable,
                            network=jail.network, gpu=False, bwrap=jail.bwrap)
     if "--cap-drop" not in wrapped:
         wrapped[1:1] = NO_CAPS
-    base = dict(os.environ if env is None else env)
     base.update(HOME=str(jail.home), TMPDIR="/tmp")
     return Confined(wrapped, base, scratch, seen)
+
+
+def _warn(jail: Jail) -> None:
+    """The unsandboxed researcher in the run's events.log, once per run (its folder holds the home)."""
+    where = jail.home.parent
+    if where.exists() and (where, jail.warning) not in _warned:
+        _warned.add((where, jail.warning))
+        events.record(where, "agent_sandbox_off", jail.warning)
 
 
 def _link_config(home: Path, names: tuple[str, ...]) -> list[Path]:
@@ -163,13 +192,20 @@ def runtime_paths(executable: str) -> list[Path]:
         if found is None:
             break
         for path in (Path(os.path.abspath(found)), Path(found).resolve()):
-            root = install_root(path)
+            root = install_root(path).resolve()  # bwrap binds no path through a symlinked folder
             if root not in out:
                 out.append(root)
         name = interpreter(Path(found).resolve())
         if name is None:
             break
     return out
+
+
+def real_folder(executable: str) -> str:
+    """The executable as found on PATH, through its folder's real path (a symlinked `.cache/npm` is
+    not in the view; the file's own link stays, so a venv's python still finds its venv)."""
+    found = shutil.which(executable)
+    return str(Path(found).parent.resolve() / Path(found).name) if found else executable
 
 
 def install_root(path: Path) -> Path:
