@@ -12,7 +12,14 @@ import pytest
 from harness import pricing
 from harness.agents import make_researcher
 from harness.errors import AgentError
+from conftest import make_repo
 from fakes.helpers import harness, install_stand_ins, rows
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A research repo whose researchers run in their own sandbox (where bwrap works: auto)."""
+    return make_repo(tmp_path / "research", agent_sandbox="auto")
 
 
 @pytest.fixture(autouse=True)

@@ -166,9 +166,9 @@ def _link_config(home: Path, names: tuple[str, ...]) -> list[Path]:
         real, link = real_home / name, home / name
         if not real.exists():
             continue  # the CLI makes its own, in the researcher's home
-        if link.is_symlink() or not link.exists():
+        if link.is_symlink() or not link.exists():  # the CLI may have replaced it by a file of its own
             link.unlink(missing_ok=True)
-            link.symlink_to(real)
+            link.symlink_to(real.resolve())  # bwrap binds no path through a symlinked folder
         bound.append(real.resolve())
     return bound
 
