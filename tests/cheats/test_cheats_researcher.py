@@ -123,8 +123,8 @@ DEFENCE = {
 
 
 def processes_with(mark: str) -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, timeout=30).stdout
-    return [line for line in out.splitlines() if mark in line and "ps -eo" not in line]
+    out = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True, timeout=30).stdout
+    return [line for line in out.splitlines() if mark in line and "ps -eww" not in line]
 
 
 def digest(path: Path) -> str:
@@ -261,3 +261,33 @@ def test_the_git_guard_tells_the_harness_sparse_checkout_from_a_researchers_inde
     wt.reset_hard(parent)
     assert not (wt.path / "data" / "val.bin").exists() and git(wt.path, "status", "--porcelain") == ""
     wt.close()
+
+
+def test_a_setsid_env_i_grandchild_is_gone_when_the_call_returns(tmp_path: Path):
+    """The cause of issue 22: `setsid env -i` drops the run's mark and leaves the process group, so
+    only the PID namespace stops it; unsandboxed, it outlives the call (and is killed here)."""
+    import signal
+    from harness.agents import Task, make_researcher, sandboxed
+
+    repo = make_repo(tmp_path / "research")
+    cfg = resolve(repo, "g", {"agent_sandbox": "auto"})
+    cfg.run_dir.mkdir(parents=True)
+    mark = f"{MARK}-{os.getpid()}"
+    # The grandchild says when it has left the session, and the researcher waits for that, then exits.
+    flag = "{workdir}/detached"
+    researcher = make_researcher(
+        f"""cmd:sh -c "setsid env -i sh -c 'touch {flag}; sleep 600 # {mark}' >/dev/null 2>&1 &
+        while [ ! -e {flag} ]; do sleep 0.05; done" """, None)
+    for jail in (sandboxed.for_run(cfg), None):
+        task = Task(repo, "improve it", ("train.py",), 60, cfg.run_dir / "logs" / "agent.log", 1, 0, jail=jail)
+        proposal = researcher.propose(task)
+        assert proposal.error is None, proposal.error
+        assert (repo / "detached").exists()  # it ran, and left the session
+        (repo / "detached").unlink()
+        left = processes_with(mark)
+        if jail is not None:
+            assert jail.on and left == []  # gone with the namespace, at once
+        else:
+            assert left, "unsandboxed, the grandchild should have outlived its call"
+            for line in left:  # the grandchild leads its own session: its group is it and its sleep
+                os.killpg(int(line.split()[0]), signal.SIGKILL)
