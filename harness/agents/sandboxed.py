@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import events
@@ -54,7 +54,6 @@ class Jail:
     hidden: tuple[Path, ...]  # out of view even where a bound folder holds them
     protected_data: tuple[str, ...]  # worktree-relative: the validation bytes
     network: bool = True
-    setting: str = "auto"
     warning: str | None = None  # why it runs unsandboxed, for the run's events (once per run)
     refusal: str | None = None  # why it may not run at all (--agent-sandbox bwrap where bwrap fails)
 
@@ -95,8 +94,7 @@ def for_run(cfg, run_dir: Path | None = None) -> Jail:
     cache = Path(os.environ.get("HARNESS_CACHE_DIR") or DATA_CACHE)
     hidden = (cfg.run_dir, where, Path(cfg.repo), HARNESS_PACKAGE, cache)
     return Jail(sandbox.bwrap_path() if choice.on else None, where / "agent-home",
-                tuple(dict.fromkeys(Path(p).resolve() for p in hidden)), data, cfg.agent_network, choice.setting,
-                warning)
+                tuple(dict.fromkeys(Path(p).resolve() for p in hidden)), data, cfg.agent_network, warning)
 
 
 @dataclass
@@ -104,7 +102,6 @@ class Confined:
     argv: list[str]
     env: dict[str, str] | None
     scratch: Path | None = None  # the call's private /tmp, removed when it ends
-    readonly: list[Path] = field(default_factory=list)
 
     def close(self) -> None:
         if self.scratch is not None:
@@ -145,7 +142,7 @@ def confine(jail: Jail | None, argv: list[str], worktree: Path, env: dict[str, s
     if "--cap-drop" not in wrapped:
         wrapped[1:1] = NO_CAPS
     base.update(HOME=str(jail.home), TMPDIR="/tmp")
-    return Confined(wrapped, base, scratch, seen)
+    return Confined(wrapped, base, scratch)
 
 
 def _warn(jail: Jail) -> None:
