@@ -141,6 +141,11 @@ def confine(jail: Jail | None, argv: list[str], worktree: Path, env: dict[str, s
                            network=jail.network, gpu=False, bwrap=jail.bwrap)
     if "--cap-drop" not in wrapped:
         wrapped[1:1] = NO_CAPS
+    # The CLI stays in the process group the supervisor made (a session of its own, with no
+    # terminal, so `--new-session`'s guard against TIOCSTI has nothing to guard): a stop's SIGTERM
+    # reaches it, not only bwrap, so it ends cleanly (gemini killed by bwrap's SIGKILL left
+    # state that slowed its next call past 8 s); what it setsid'd goes with the PID namespace.
+    wrapped = [a for a in wrapped if a != "--new-session"]
     base.update(HOME=str(jail.home), TMPDIR="/tmp")
     return Confined(wrapped, base, scratch)
 
