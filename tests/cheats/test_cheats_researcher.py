@@ -291,3 +291,23 @@ def test_a_setsid_env_i_grandchild_is_gone_when_the_call_returns(tmp_path: Path)
             assert left, "unsandboxed, the grandchild should have outlived its call"
             for line in left:  # the grandchild leads its own session: its group is it and its sleep
                 os.killpg(int(line.split()[0]), signal.SIGKILL)
+
+
+def test_a_resumed_run_keeps_its_worktrees_without_the_protected_data(tmp_path: Path):
+    repo = make_repo(tmp_path / "research")
+    (repo / "data").mkdir()
+    (repo / "data" / "val.bin").write_bytes(b"held-out bytes")
+    settings = (repo / "harness.toml").read_text()
+    (repo / "harness.toml").write_text(settings.replace('protected = ["prepare.py"]',
+                                                        'protected = ["prepare.py", "data/val.bin"]'))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "protected data")
+    (tmp_path / "honest.py").write_text(HONEST)
+    args = ["run", "--repo", repo, "--tag", "r", "--agent", f"cmd:{sys.executable} {tmp_path / 'honest.py'} {{workdir}}"]
+    for extra in (["--iterations", 1], ["--iterations", 2, "--resume"]):
+        result = harness([*args, *extra])
+        assert result.exit_code == 0, result.output
+        worktrees = [repo / "runs" / "r" / "worktree", *(repo / "runs" / "r" / "lanes").glob("*")]
+        assert all(not (wt / "data" / "val.bin").exists() for wt in worktrees)
+    assert [r["status"] for r in rows(repo, "r")] == ["keep", "keep", "keep"]  # the protected hashes held
+    assert (repo / "data" / "val.bin").read_bytes() == b"held-out bytes"
