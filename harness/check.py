@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import git
 
 from . import pricing, prompt, supervise
-from .agents import KEY_VARS, Proposal, Task, make_researcher
+from .agents import KEY_VARS, Proposal, Task, make_researcher, sandboxed
 from .config import RunConfig
 from .errors import HarnessError
 from .executors import sandbox
@@ -69,6 +69,7 @@ class CheckReport:
     settings: dict = field(default_factory=dict)
     cost_source: str = "table"  # table | researcher | unknown (pricing.call_cost)
     sandbox: str = ""  # what the training jobs run under, and what that leaves unprotected
+    agent_sandbox: str = ""  # what the researcher's own process runs under
 
     @property
     def iteration_s(self) -> float:
@@ -120,7 +121,7 @@ def run_check(cfg: RunConfig, hours: float) -> CheckReport:
                              best=None, rows=[], history_rows=cfg.history_rows, last_failure="",
                              editable=cfg.editable)
         task = Task(worktree=worktree, prompt=text, editable=cfg.editable, timeout_s=cfg.agent_timeout,
-                    log_path=tmp / "agent.log", iteration=1, seed=cfg.seed)
+                    log_path=tmp / "agent.log", iteration=1, seed=cfg.seed, jail=sandboxed.for_run(cfg, tmp))
         proposal = researcher.propose(task)
         if proposal.error:
             raise CheckError(explain(proposal, researcher, cfg))
@@ -154,7 +155,7 @@ def run_check(cfg: RunConfig, hours: float) -> CheckReport:
                        description=proposal.description, changed=[c[3:] for c in changed],
                        train_s=result.train_s, metric=cfg.metric, value=result.value(cfg.metric),
                        hours=hours, settings=researcher.describe(), cost_source=cost_source,
-                       sandbox=sandbox_line(cfg))
+                       sandbox=sandbox_line(cfg), agent_sandbox=agent_sandbox_line(cfg, researcher.name))
 
 
 def sandbox_line(cfg: RunConfig) -> str:
@@ -164,6 +165,17 @@ def sandbox_line(cfg: RunConfig) -> str:
         return (f"bwrap ({sandbox.caps_line(sandbox.capabilities(cfg.sandbox))}; own PID namespace; sees the "
                 f"system runtime, its interpreter, its worktree and data, nothing else; {net})")
     return f"off ({'--sandbox off' if choice.setting == 'off' else choice.warning})"
+
+
+def agent_sandbox_line(cfg: RunConfig, backend: str) -> str:
+    if backend in ("openai", "mutate"):
+        return "none needed (it runs no code: the harness applies its edits)"
+    choice = sandboxed.resolve(cfg.agent_sandbox)
+    if choice.on:
+        net = "network allowed" if cfg.agent_network else "no network"
+        return (f"bwrap (own PID namespace, no capabilities, its worktree without .git and the protected data, "
+                f"its own home, run folder and repo hidden, {net})")
+    return f"off ({'--agent-sandbox off: ' + sandboxed.OFF_WARNING if choice.setting == 'off' else choice.warning})"
 
 
 def render(r: CheckReport) -> str:
@@ -180,6 +192,7 @@ def render(r: CheckReport) -> str:
         f"  edit      {', '.join(r.changed) or 'no file changed'}: {r.description or '(no description)'}",
         f"training    {r.train_s:.1f} s wall, {r.metric} {'-' if r.value is None else f'{r.value:.6f}'}",
         f"sandbox     {r.sandbox}",
+        f"researcher sandbox  {r.agent_sandbox}",
         f"night       {r.hours:g} h / {r.iteration_s:.1f} s per iteration = about {r.iterations} iterations, "
         f"cost {night}",
     ])

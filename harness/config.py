@@ -55,6 +55,8 @@ WORKLOAD_DEFAULTS: dict[str, Any] = {
     "track_timeout": 30,  # s the end of a run waits for the tracker to catch up
     "sandbox": "auto",  # auto | bwrap | off: training jobs and evaluations under bubblewrap (executors/sandbox.py)
     "network": False,  # let sandboxed jobs reach the network
+    "agent_sandbox": "auto",  # auto | bwrap | off: the researcher's own process under bubblewrap (agents/sandboxed.py)
+    "agent_network": True,  # let the sandboxed researcher reach the network (its API); off for a cmd: that needs none
     "evaluate_command": None,  # the metric from this command, run after the job from the baseline's files
     "train_data_command": None,  # writes the training split for the job (HARNESS_OUTPUT_DIR); the data is hidden
     "executor": "local",  # where training jobs run: local (this machine's GPUs) | ray (a Ray cluster)
@@ -135,10 +137,10 @@ def _check_value(key: str, value: Any) -> Any:
     if key == "sealed":
         want(value is None or isinstance(value, bool), "true or false")
         return value
-    if key == "sandbox":
+    if key in ("sandbox", "agent_sandbox"):
         want(value in ("auto", "bwrap", "off"), "'auto', 'bwrap' or 'off'")
         return value
-    if key == "network":
+    if key in ("network", "agent_network"):
         want(isinstance(value, bool), "true or false")
         return value
     if key in ("evaluate_command", "train_data_command"):
@@ -303,6 +305,8 @@ class RunConfig:
     track_timeout: float = 30.0  # s
     sandbox: str = "auto"  # see WORKLOAD_DEFAULTS
     network: bool = False
+    agent_sandbox: str = "auto"
+    agent_network: bool = True
     evaluate_command: str | None = None
     train_data_command: str | None = None
     executor: str = "local"  # see WORKLOAD_DEFAULTS (executors/)

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator
 from . import decide, events, faults, health, ledger, recovery, runs, stops, supervise
 from .config import RunConfig
 from .executors import Executor, make_executor
-from .gitgate import GitGate
+from .gitgate import GitGate, data_files
 from .ledger import Row
 from .runs import Progress, Summary
 from .step import (Candidate, Context, RunState, clear_journal, conflict_row, measure, prepare_candidate,
@@ -201,7 +201,8 @@ class RunDriver:
         """Lane i's worktrees (one, or two when pipelined) at the best; created, or re-attached on resume."""
         cfg, gate, slots = self.cfg, GitGate(self.cfg.repo), []
         for s in "ab"[: 2 if self.pipelined else 1]:
-            wt = gate.detached_worktree(cfg.run_dir / "lanes" / f"{i}{s}", self.state.best_commit)
+            wt = gate.detached_worktree(cfg.run_dir / "lanes" / f"{i}{s}", self.state.best_commit,
+                                        data_files(cfg.protected))  # the researcher's: no validation bytes
             slots.append(Context(cfg, wt, self.guarded, self.ctx.program_text, journal=f"inflight-{i}{s}.json",
                                  executor=self.executor, cancel=self.cancel, trusted=self.ctx.trusted))
         return Lane(i, slots)

@@ -6,6 +6,7 @@ Only commits the harness made are ever reset.
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,11 @@ PACK_REFS_EVERY = 50  # iterations between packing the tried refs into packed-re
 class Change:
     status: str  # porcelain XY code, "??" = untracked
     path: str
+
+
+def data_files(protected: tuple[str, ...]) -> tuple[str, ...]:
+    """The protected entries that are data, not code: the validation bytes the researcher never sees."""
+    return tuple(p for p in protected if not p.endswith(".py"))
 
 
 def sha256_file(path: Path) -> str | None:
@@ -88,18 +94,21 @@ class GitGate:
 
     # --- the run's worktree -------------------------------------------------------------
 
-    def create_worktree(self, path: Path, branch: str, from_rev: str) -> str:
+    def create_worktree(self, path: Path, branch: str, from_rev: str, leave_out: tuple[str, ...] = ()) -> str:
+        """The run's worktree on a new branch at from_rev, without the leave_out paths (Worktree.leave_out)."""
         base = self.require_commit(from_rev)
         self.prune()
         path.parent.mkdir(parents=True, exist_ok=True)
         self.repo.git.worktree("add", "-b", branch, str(path), base)
+        Worktree.leave_out_of(path, leave_out)
         return base
 
-    def attach_worktree(self, path: Path, branch: str) -> None:
-        """For --resume: make sure the worktree exists and is on the run branch."""
+    def attach_worktree(self, path: Path, branch: str, leave_out: tuple[str, ...] = ()) -> None:
+        """For --resume: make sure the worktree exists, is on the run branch and leaves out leave_out."""
         self.prune()
         if not (path / ".git").exists():
             self.repo.git.worktree("add", "--force", str(path), branch)
+        Worktree.leave_out_of(path, leave_out)
 
     def prune(self) -> None:
         self.repo.git.worktree("prune")
@@ -122,8 +131,9 @@ class GitGate:
     def worktree(self, path: Path) -> "Worktree":
         return Worktree(path)
 
-    def detached_worktree(self, path: Path, rev: str) -> "Worktree":
-        """A harness-owned detached worktree at rev (a lane's): created, or re-attached on resume."""
+    def detached_worktree(self, path: Path, rev: str, leave_out: tuple[str, ...] = ()) -> "Worktree":
+        """A harness-owned detached worktree at rev (a lane's, a slot's): created, or re-attached on
+        resume; without the leave_out paths (a researcher's lane: Worktree.leave_out)."""
         sha = self.require_commit(rev)
         self.prune()
         if not (path / ".git").exists():
@@ -131,6 +141,7 @@ class GitGate:
                 shutil.rmtree(path)
             path.parent.mkdir(parents=True, exist_ok=True)
             self.repo.git.worktree("add", "--detach", str(path), sha)
+        Worktree.leave_out_of(path, leave_out)
         wt = Worktree(path)
         wt.reset_hard(sha)
         return wt
@@ -158,6 +169,38 @@ class Worktree:
         lock = Path(self.repo.git_dir) / "index.lock"
         if lock.exists():
             lock.unlink()  # only the harness runs git here, and it is not running now
+
+    @staticmethod
+    def leave_out_of(path: Path, paths: tuple[str, ...]) -> None:
+        """Make the worktree at path a sparse checkout without paths (idempotent; none: unchanged).
+
+        The researcher's worktrees (the run's, the lanes') leave out the protected data, so the
+        validation bytes are not on its disk; the training jobs' slot worktrees are full checkouts.
+        git keeps the patterns in the worktree's own git dir (info/sparse-checkout, config.worktree,
+        with extensions.worktreeConfig in the repo's config): the user's checkout stays whole.
+        """
+        if not paths:
+            return
+        patterns = ["/*", *("!/" + re.sub(r"([*?\[\]!#\\])", r"\\\1", p.strip("/")) for p in paths)]
+        repo = git.Repo(path)
+        try:
+            repo.git.sparse_checkout("set", "--no-cone", *patterns)
+        finally:
+            repo.close()
+
+    def left_out(self) -> set[str]:
+        """The tracked paths this worktree does not check out (skip-worktree: its sparse checkout)."""
+        out = self.repo.git.ls_files("-v")
+        return {line[2:] for line in out.splitlines() if line[:1] == "S"}
+
+    def committed_sha256(self, commit: str, path: str) -> str | None:
+        """sha256 of the file path as committed at commit (from git's objects, not the worktree, which
+        may leave it out); None where it is no file there (absent, or a folder: as sha256_file says)."""
+        try:
+            item = self.repo.commit(commit).tree / path
+        except KeyError:
+            return None
+        return hashlib.sha256(item.data_stream.read()).hexdigest() if item.type == "blob" else None
 
     def head(self) -> str:
         return self.repo.head.commit.hexsha

@@ -47,6 +47,7 @@ class Snapshot:
     refs: dict[str, str] = field(default_factory=dict)
     files: dict[str, bytes | None] = field(default_factory=dict)  # .git files by path, None = absent
     head: str = ""  # the worktree's HEAD file: the run branch, or a sha for a lane's detached worktree
+    flagged: frozenset[str] = frozenset()  # index flags before: the harness's sparse checkout (Worktree.leave_out)
 
     def attached(self, branch: str) -> bool:
         return self.head == f"ref: refs/heads/{branch}"
@@ -87,9 +88,16 @@ def _files(common: Path, own: Path) -> dict[str, bytes | None]:
     return files
 
 
+def _flagged(cwd: Path) -> list[str]:
+    """Paths with an index flag that hides changes (assume-unchanged: lower case; skip-worktree: S)."""
+    return [line[2:] for line in _git(cwd, "ls-files", "-v").splitlines()
+            if line[:1].islower() or line[:1] == "S"]
+
+
 def snapshot(wt: Worktree, branch: str) -> Snapshot:
     common, own = _git_dirs(wt)
-    return Snapshot(common, own, _refs(wt.path, branch), _files(common, own), _head(own))
+    return Snapshot(common, own, _refs(wt.path, branch), _files(common, own), _head(own),
+                    frozenset(_flagged(wt.path)))
 
 
 def git_problem(wt: Worktree, branch: str, parent: str, editable: tuple[str, ...], snap: Snapshot) -> str | None:
@@ -112,8 +120,7 @@ def git_problem(wt: Worktree, branch: str, parent: str, editable: tuple[str, ...
         names = [str(Path(p).relative_to(snap.common_dir.parent)) if snap.common_dir.parent in Path(p).parents
                  else p for p in changed]
         return "the researcher changed git's own files: " + ", ".join(names[:5]) + "; leave .git alone"
-    flagged = [line[2:] for line in _git(wt.path, "ls-files", "-v").splitlines()
-               if line[:1].islower() or line[:1] == "S"]
+    flagged = [p for p in _flagged(wt.path) if p not in snap.flagged]
     if flagged:
         return ("the researcher hid changes from git (assume-unchanged/skip-worktree): "
                 + ", ".join(flagged[:5]))
@@ -174,8 +181,7 @@ def restore(wt: Worktree, branch: str, parent: str, snap: Snapshot) -> list[str]
         else:
             _git(wt.path, "update-ref", "-d", name)
         fixed.append(f"restored {name}")
-    flagged = [line[2:] for line in _git(wt.path, "ls-files", "-v").splitlines()
-               if line[:1].islower() or line[:1] == "S"]
+    flagged = [p for p in _flagged(wt.path) if p not in snap.flagged]
     if flagged:
         _git(wt.path, "update-index", "--no-assume-unchanged", "--no-skip-worktree", "--", *flagged)
         fixed.append("cleared index flags")

@@ -23,8 +23,9 @@ from . import __version__, decide, events, figures, ledger, ledgerguard, pricing
 from .agents import Researcher, make_researcher, routing_mismatch
 from .config import RunConfig, compare_resume, refusal_message
 from .errors import RepoError
+from .agents import sandboxed
 from .executors import budget, sandbox, uvenv
-from .gitgate import GitGate, Worktree, sha256_file
+from .gitgate import GitGate, Worktree, data_files
 from .ledger import Row
 from .runner import TrainResult
 from .step import (INTERRUPTED, Candidate, Context, RunState, conflict_row, judge_candidate, memory_gb,
@@ -118,6 +119,7 @@ def write_manifest(cfg: RunConfig, researcher: Researcher, base: str, program: s
         "sandbox": sandbox.resolve(cfg.sandbox).mode,  # issue 13: what runs the jobs (bwrap | off)
         "sandbox_caps": sandbox.capabilities(cfg.sandbox),  # read inside the sandbox: CapEff 0 ... ({} = off)
         "protected_sha256": protected_sha256,  # the baseline's protected files: every evaluation checks them
+        "agent_sandbox": sandboxed.manifest_entry(cfg, researcher),  # issue 22: what runs the researcher
     }
     ledgerguard.write_trusted(cfg.run_dir / "run.json", (json.dumps(manifest, indent=2) + "\n").encode())
 
@@ -184,7 +186,8 @@ def link_results(cfg: RunConfig) -> None:
 
 def first_state(cfg: RunConfig, base: str, worktree: Path) -> RunState:
     """The state before the baseline is measured: the parent of the first proposals is known."""
-    hashes = {p: sha256_file(worktree / p) for p in cfg.protected}
+    with Worktree(worktree) as wt:  # from git's objects: the worktree leaves the protected data out
+        hashes = {p: wt.committed_sha256(base, p) for p in cfg.protected}
     return RunState(base, base, float("nan"), 0, hashes)
 
 
@@ -248,7 +251,7 @@ def reconcile(ctx: Context, base: str, verify: bool = False) -> RunState | None:
     ctx.wt.reset_hard(best_commit)
     tried_file = cfg.run_dir / "tried.txt"
     tried = set(tried_file.read_text().split()) if tried_file.exists() else set()
-    hashes = {p: sha256_file(cfg.worktree / p) for p in cfg.protected}
+    hashes = {p: ctx.wt.committed_sha256(base or best_commit, p) for p in cfg.protected}
     last = max((r.get("iteration") or 0) for r in rows)
     if cfg.gate == "noise":
         best_value, best_runs = decide.best_estimate(rows, best)
@@ -335,7 +338,7 @@ def open_run(cfg: RunConfig, resume: bool, progress: Progress = no_progress,
     gate.ensure_excluded()
     cfg.logs_dir.mkdir(parents=True, exist_ok=True)
     if resume:
-        gate.attach_worktree(cfg.worktree, cfg.branch)
+        gate.attach_worktree(cfg.worktree, cfg.branch, data_files(cfg.protected))
         manifest = read_manifest(cfg)
         base = str(manifest.get("baseline_commit") or "")
         changed = routing_mismatch(manifest, researcher.name, pricing.resolve_model(cfg.model),
@@ -351,7 +354,7 @@ def open_run(cfg: RunConfig, resume: bool, progress: Progress = no_progress,
     else:
         if cfg.worktree.exists() or cfg.ledger_path.exists():
             raise RepoError(f"{cfg.run_dir} already holds a run; choose another --tag or remove it.")
-        base = gate.create_worktree(cfg.worktree, cfg.branch, cfg.from_rev)
+        base = gate.create_worktree(cfg.worktree, cfg.branch, cfg.from_rev, data_files(cfg.protected))
         manifest = None
     wt = gate.worktree(cfg.worktree)
     trusted = trusted_baseline(cfg, wt, base, manifest)

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from . import decide, faults, guard, ledger, pricing, prompt, rebase, seal
-from .agents import Proposal, Researcher, Task, Usage
+from .agents import Proposal, Researcher, Task, Usage, sandboxed
 from .config import RunConfig
 from .gitgate import Worktree, content_hash, sha256_file
 from .ledger import Row
@@ -85,7 +85,8 @@ def propose(ctx: Context, state: RunState, iteration: int, parent: str, note: st
         editable=cfg.editable, note=note)
     task = Task(worktree=ctx.wt.path, prompt=text, editable=cfg.editable,
                 timeout_s=cfg.agent_timeout, log_path=cfg.logs_dir / f"iter-{iteration:04d}-agent.log",
-                iteration=iteration, seed=cfg.seed, tried=frozenset(state.tried), cancel=ctx.cancel)
+                iteration=iteration, seed=cfg.seed, tried=frozenset(state.tried), cancel=ctx.cancel,
+                jail=sandboxed.for_run(cfg))  # the researcher's own sandbox (agents/sandboxed.py)
     start = time.monotonic()
     try:
         proposal = ctx.researcher.propose(task)
@@ -114,8 +115,9 @@ def check(ctx: Context, parent: str, state: RunState) -> str | None:
             return f"deleted {c.path}"
         if p.is_symlink():
             return f"{c.path} became a symlink"
+    left_out = ctx.wt.left_out()  # the protected data: not in the researcher's worktree at all
     for path, digest in state.protected_hashes.items():
-        if sha256_file(ctx.wt.path / path) != digest:
+        if path not in left_out and sha256_file(ctx.wt.path / path) != digest:
             return f"protected file {path} changed"
     return None
 

@@ -24,9 +24,12 @@ time_budget = 5
 kill_after = {kill_after}
 program = "program.md"
 sandbox = "{sandbox}"
+agent_sandbox = "{agent_sandbox}"
 """
 # The fake trainers keep state next to the repo (noise and drift counters, GPU logs, child pids),
 # which the sandbox rightly hides from a job; so these repos run unsandboxed unless a test asks.
+# The same for the test researchers (call counters, pids, scripts they consume, in the run folder
+# or tmp_path) and the researcher's sandbox (tests/cheats/test_cheats_researcher.py exercises it).
 # The sandbox itself is exercised by tests/test_sandbox.py, the cheat suite and test_evaluation.py.
 
 
@@ -43,12 +46,13 @@ def set_globals(source: str, **values) -> str:
 
 
 def make_repo(path: Path, train_source: str = FAKE_TRAIN, kill_after: float = 20, extra: str = "",
-              sandbox: str = "off") -> Path:
+              sandbox: str = "off", agent_sandbox: str = "off") -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "train.py").write_text(train_source)
     (path / "prepare.py").write_text("# protected evaluation code\nEVAL_BYTES = 1000\n")
     (path / "program.md").write_text("Lower val_bpb wins.\n\n{{BEST}}\n\n{{RESULTS}}\n\n{{LAST_FAILURE}}\n")
-    settings = SETTINGS.format(python=sys.executable, kill_after=kill_after, sandbox=sandbox)
+    settings = SETTINGS.format(python=sys.executable, kill_after=kill_after, sandbox=sandbox,
+                               agent_sandbox=agent_sandbox)
     (path / "harness.toml").write_text(settings + extra)
     git(path, "init", "-q", "-b", "main")
     git(path, "config", "user.name", "Test User")

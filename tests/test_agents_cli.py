@@ -12,18 +12,32 @@ import pytest
 from harness import pricing
 from harness.agents import make_researcher
 from harness.errors import AgentError
+from conftest import make_repo
 from fakes.helpers import harness, install_stand_ins, rows
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A research repo whose researchers run in their own sandbox (where bwrap works: auto)."""
+    return make_repo(tmp_path / "research", agent_sandbox="auto")
 
 
 @pytest.fixture(autouse=True)
 def agents_env(monkeypatch, tmp_path):
-    """Stand-ins first on PATH, a throwaway HOME, and files that script and record their calls."""
+    """Stand-ins first on PATH, a throwaway HOME, and files that script and record their calls.
+
+    The files live in the stand-ins' config folder (CODEX_HOME, CLAUDE_CONFIG_DIR), the one folder
+    outside its worktree that a sandboxed CLI may write."""
     bin_dir = install_stand_ins(tmp_path / "bin")
+    state = tmp_path / "state"
+    state.mkdir()
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("FAKE_AGENT_SCRIPT", str(tmp_path / "script.txt"))
-    monkeypatch.setenv("FAKE_AGENT_CALLS", str(tmp_path / "calls.jsonl"))
-    monkeypatch.setenv("FAKE_AGENT_PID_FILE", str(tmp_path / "grandchild.pid"))
+    monkeypatch.setenv("CODEX_HOME", str(state))
+    monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(state))
+    monkeypatch.setenv("FAKE_AGENT_SCRIPT", str(state / "script.txt"))
+    monkeypatch.setenv("FAKE_AGENT_CALLS", str(state / "calls.jsonl"))
+    monkeypatch.setenv("FAKE_AGENT_PID_FILE", str(state / "grandchild.pid"))
     for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "CODEX_API_KEY", "HARNESS_PRICES"):
         monkeypatch.delenv(name, raising=False)
     yield tmp_path
@@ -31,11 +45,25 @@ def agents_env(monkeypatch, tmp_path):
 
 
 def script(tmp_path: Path, *modes: str) -> None:
-    (tmp_path / "script.txt").write_text("".join(m + "\n" for m in modes))
+    (tmp_path / "state" / "script.txt").write_text("".join(m + "\n" for m in modes))
 
 
 def calls(tmp_path: Path) -> list[dict]:
-    return [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (tmp_path / "state" / "calls.jsonl").read_text().splitlines()]
+
+
+def stand_in_processes(tmp_path: Path) -> list[int]:
+    """Live processes that carry this test's stand-in mark: a pid a sandboxed stand-in writes is
+    its PID namespace's, so what is left is found by its environment."""
+    mark = f"FAKE_AGENT_SCRIPT={tmp_path / 'state' / 'script.txt'}".encode()
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if mark in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0") and alive(int(entry)):
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
 
 
 def alive(pid: int) -> bool:
@@ -66,14 +94,15 @@ def test_codex_usage_from_the_last_turn_timeout_kills_the_group(repo: Path, agen
     assert "did not finish within 2s" in by[2]["description"] and by[2]["agent_s"] < 10
     assert "429 Too Many Requests" in by[3]["description"]
     assert by[4]["metric"] == pytest.approx(0.8)
-    grandchild = int((agents_env / "grandchild.pid").read_text())
-    assert not alive(grandchild)  # it ignored SIGTERM: only killing the group stops it
+    assert (agents_env / "state" / "grandchild.pid").exists()  # the hanging call's grandchild ran
+    assert stand_in_processes(agents_env) == []  # it ignored SIGTERM: it went with the PID namespace
     first = calls(agents_env)[0]
     argv = first["argv"][1:]
     worktree = str(repo / "runs" / "cx" / "lanes" / "0a")  # codex is pipelined by default: a lane's worktree
     assert argv[:2] == ["exec", "--json"] and argv[-1] == "-"
     assert argv[argv.index("-m") + 1] == "gpt-5.3-codex-spark"
-    assert argv[argv.index("--sandbox") + 1] == "workspace-write" and "--ephemeral" in argv
+    # Inside the harness's sandbox codex's own nested one cannot start: the harness's confines it.
+    assert argv[argv.index("--sandbox") + 1] == "danger-full-access" and "--ephemeral" in argv
     assert argv[argv.index("-C") + 1] == worktree and first["prompt_chars"] > 100
     log = (repo / "runs" / "cx" / "logs" / "iter-0001-agent.log").read_text()
     assert '"type": "turn.completed"' in log and "exit code 0" in log

@@ -6,9 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from conftest import git
+from conftest import git, make_repo
 from fakes.helpers import rows
 from fakes.real_cli import Rig, assert_killed, fault_matrix, netns, run_through  # noqa: F401,F811  (the fixture)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A research repo whose researcher runs in its own sandbox (agents/sandboxed.py, where bwrap works)."""
+    return make_repo(tmp_path / "research", agent_sandbox="auto")
+
 
 HIGH_DEMAND = "We're currently experiencing high demand, which may cause temporary errors."
 FEW_RETRIES = ["--agent-arg", "-c", "--agent-arg", "model_providers.harness.request_max_retries=1",
@@ -47,6 +54,7 @@ def test_codex_edits_are_committed_trained_and_its_tokens_are_the_servers(repo: 
     assert "VALUE = 0.8" in git(repo, "show", "autoresearch/rc:train.py")
     assert len(git(repo, "log", "--format=%H", "main..autoresearch/rc").split()) == 2
     # Where the researcher went is in run.json; the key is nowhere in the run.
+    assert json.loads((repo / "runs" / "rc" / "run.json").read_text())["agent_sandbox"] in ("bwrap", "off")
     manifest = json.loads((repo / "runs" / "rc" / "run.json").read_text())["researcher"]
     assert manifest["provider"] == "harness" and manifest["key_var"] == "OPENAI_API_KEY"
     assert manifest["base_url_host"] == f"127.0.0.1:{rig.server.port}"

@@ -6,9 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from conftest import git
+from conftest import git, make_repo
 from fakes.helpers import rows
 from fakes.real_cli import Rig, assert_killed, fault_matrix, netns, run_through  # noqa: F401,F811  (the fixture)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A research repo whose researcher runs in its own sandbox (agents/sandboxed.py, where bwrap works)."""
+    return make_repo(tmp_path / "research", agent_sandbox="auto")
+
 
 # With GOOGLE_GEMINI_BASE_URL, gemini 0.61 wants the key's auth type named in its settings.
 SETTINGS = {"security": {"auth": {"selectedType": "gemini-api-key"}}}

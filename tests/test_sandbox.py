@@ -343,3 +343,47 @@ def test_without_bwrap_auto_warns_loudly_and_still_runs(tmp_path, monkeypatch):
         assert not (repo / "runs" / "b" / "results.tsv").exists()
     finally:
         sandbox.reset_cache()
+
+
+# ---------------------------------------------------------------------------
+# The researcher's own sandbox (agents/sandboxed.py; its cheats: tests/cheats/test_cheats_researcher.py)
+
+
+def test_a_researchers_view_names_its_install_root_and_interpreters(tmp_path, monkeypatch):
+    from harness.agents import sandboxed
+    prefix = tmp_path / "npm"  # an npm prefix: a bin/ link into node_modules, a script run by `env node`
+    package = prefix / "lib" / "node_modules" / "tool" / "bin"
+    package.mkdir(parents=True)
+    (package / "tool.js").write_text("#!/usr/bin/env -S node --no-warnings\nconsole.log(1)\n")
+    (package / "tool.js").chmod(0o755)
+    venv = tmp_path / "venv"  # a venv's python, found first on PATH as `node` would be
+    (venv / "bin").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (venv / "bin" / "node").symlink_to(sys.executable)
+    (prefix / "bin").mkdir()
+    (prefix / "bin" / "tool").symlink_to(package / "tool.js")
+    monkeypatch.setenv("PATH", f"{prefix / 'bin'}{os.pathsep}{venv / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    seen = sandboxed.runtime_paths("tool")
+    assert seen[0] == prefix and venv in seen  # the package's prefix, the interpreter's venv
+    assert Path(sys.executable).resolve().parent.parent in seen  # and the venv's own base python
+    assert sandboxed.interpreter(package / "tool.js") == "node"
+    assert sandboxed.install_root(tmp_path / "scripts" / "bin" / "x") == tmp_path / "scripts" / "bin"  # no prefix
+    assert sandboxed.install_root(Path.home() / "bin" / "x") == Path.home() / "bin"  # never the whole home
+
+
+@needs_bwrap
+def test_agent_sandbox_bwrap_refuses_to_start_without_bwrap(tmp_path, monkeypatch):
+    from conftest import make_repo
+    repo = make_repo(tmp_path / "r")
+    agent = tmp_path / "agent.py"
+    agent.write_text("print('nothing')\n")
+    monkeypatch.setenv("PATH", bin_without_bwrap(tmp_path))
+    sandbox.reset_cache()
+    try:
+        refused = harness(["run", "--repo", repo, "--tag", "b", "--agent", f"cmd:{sys.executable} {agent}",
+                           "--iterations", 1, "--agent-sandbox", "bwrap"])
+        assert refused.exit_code != 0 and "--agent-sandbox bwrap was asked for" in refused.output
+        assert "apt install bubblewrap" in refused.output
+        assert not (repo / "runs" / "b" / "results.tsv").exists()
+    finally:
+        sandbox.reset_cache()

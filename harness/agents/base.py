@@ -34,6 +34,7 @@ class Task:
     seed: int
     tried: frozenset[str] = frozenset()  # content hashes of editable files already evaluated
     cancel: threading.Event | None = None  # set from another thread: stop now, return "cancelled"
+    jail: Any = None  # sandboxed.Jail: how a CLI researcher's process is confined; None = not at all
 
 
 @dataclass

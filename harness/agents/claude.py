@@ -65,6 +65,8 @@ def parse_claude_result(text: str) -> CLIOutput:
 
 class ClaudeResearcher(CLIResearcher):
     name = "claude"
+    config_names = (".claude", ".claude.json")  # its login and settings, bound into its sandbox
+    config_vars = ("CLAUDE_CONFIG_DIR",)
     default_executable = "claude"
     install_hint = INSTALL_HINT
     key_vars = KEY_VARS["claude"]

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from .. import pricing
 from .base import Proposal, Task, Usage, key_fingerprint
+from . import sandboxed
 from .process import ProcessResult, classify, find_executable, run_agent
 
 
@@ -77,6 +78,8 @@ class CLIResearcher:
     key_vars: tuple[str, ...] = ()  # the variables that may hold its key, in the order looked up
     provider = ""  # where it goes without --base-url
     silent_is_free = False  # a call that exits normally without reporting usage cost nothing
+    config_names: tuple[str, ...] = ()  # its settings in the user's home, bound into its sandbox
+    config_vars: tuple[str, ...] = ()  # variables that point it at its settings elsewhere
 
     def __init__(self, model: str | None = None, executable: str | None = None,
                  agent_args: tuple[str, ...] | list[str] | None = None, base_url: str | None = None):
@@ -109,6 +112,10 @@ class CLIResearcher:
         """Backend-specific entries of the manifest."""
         return {}
 
+    def readonly(self, task: Task) -> list:
+        """Files besides its installation that it must see in its sandbox (read-only)."""
+        return []
+
     # --- the same for every CLI ----------------------------------------------------------
 
     def argv(self, task: Task) -> list[str]:
@@ -132,8 +139,14 @@ class CLIResearcher:
     def propose(self, task: Task) -> Proposal:
         extra = self.environment()
         env = {**os.environ, **extra} if extra else None
-        result = run_agent(self.argv(task), task.worktree, task.timeout_s, task.log_path,
-                           stdin_text=self.stdin(task), env=env, cancel=task.cancel)
+        argv = self.argv(task)
+        jailed = sandboxed.confine(task.jail, argv, task.worktree, env, self.readonly(task),
+                                   self.config_names, self.config_vars)
+        try:
+            result = run_agent(jailed.argv, task.worktree, task.timeout_s, task.log_path,
+                               stdin_text=self.stdin(task), env=jailed.env, cancel=task.cancel)
+        finally:
+            jailed.close()
         out = self.parse(result.stdout, result.stderr)
         error, kind = merge_error(result, out, self.name, task.timeout_s)
         usage = out.usage

@@ -1,7 +1,9 @@
 """The `codex` researcher: `codex exec --json` in the run's worktree.
 
-Codex edits the worktree itself inside its workspace-write sandbox (it cannot commit: the
-worktree's git directory lies outside the sandbox). The JSONL event stream gives the usage
+Codex edits the worktree itself: inside the harness's researcher sandbox (agents/sandboxed.py:
+no .git, no capabilities) with its own sandbox off, since its nested bubblewrap cannot start
+there; with `--agent-sandbox off`, inside its own workspace-write sandbox (it cannot commit:
+the worktree's git directory lies outside that sandbox). The JSONL event stream gives the usage
 (the last `turn.completed`: codex sums every request of the turn there), the errors, its
 own retries (`Reconnecting... n/m`) and the final message. With `--base-url` the harness
 generates a model provider on the command line (`-c model_providers.harness...`), so no
@@ -10,7 +12,9 @@ generates a model provider on the command line (`-c model_providers.harness...`)
 from __future__ import annotations
 
 import json
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 from ..errors import AgentError
@@ -58,6 +62,8 @@ def parse_codex_events(text: str) -> CLIOutput:
 
 class CodexResearcher(CLIResearcher):
     name = "codex"
+    config_names = (".codex",)  # its login and settings, bound into its sandbox
+    config_vars = ("CODEX_HOME",)
     default_executable = "codex"
     install_hint = INSTALL_HINT
     key_vars = KEY_VARS["codex"]
@@ -91,8 +97,16 @@ class CodexResearcher(CLIResearcher):
             args.append(f"{table}.env_key={json.dumps(key_var)}")
         return [part for arg in args for part in ("-c", arg)]
 
+    def environment(self) -> dict[str, str]:
+        # Its home named (its own default): in the harness's sandbox HOME is the researcher's own
+        # folder, under /tmp in a run there, where codex refuses to put its helper binaries.
+        return {} if os.environ.get("CODEX_HOME") else {"CODEX_HOME": str(Path.home() / ".codex")}
+
     def command(self, task: Task) -> list[str]:
-        argv = [self.executable, "exec", "--json", "--sandbox", "workspace-write", "--ephemeral",
+        # Inside the harness's sandbox codex's own (a nested bubblewrap) cannot start: no capability
+        # is left to map its user namespace. The harness's confines it to the same worktree.
+        own = "danger-full-access" if task.jail is not None and task.jail.on else "workspace-write"
+        argv = [self.executable, "exec", "--json", "--sandbox", own, "--ephemeral",
                 "--skip-git-repo-check", "-C", str(task.worktree)]
         if self.model:
             argv += ["-m", self.model]

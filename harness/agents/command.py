@@ -16,6 +16,7 @@ from ..errors import AgentError
 from .base import Task, Usage, json_object, last_line
 from .cli import CLIOutput, CLIResearcher, cost_source
 from .process import find_executable
+from .sandboxed import template_files
 
 PLACEHOLDERS = ("{workdir}", "{prompt_file}", "{model}")
 
@@ -56,6 +57,11 @@ def render_argv(template: str, workdir: Path, prompt_file: Path, model: str | No
     return argv
 
 
+def prompt_path(task: Task) -> Path:
+    """The prompt file lives next to the log, outside the worktree (it is not a change)."""
+    return task.log_path.parent / f"iter-{task.iteration:04d}-prompt.md"
+
+
 class CommandResearcher(CLIResearcher):
     """Any command; it reports no usage (a plain script) and costs nothing, unless it was killed."""
 
@@ -84,11 +90,16 @@ class CommandResearcher(CLIResearcher):
                 "agent_args": list(self.agent_args), "key_fingerprint": None, "cost_source": cost_source(self.model)}
 
     def command(self, task: Task) -> list[str]:
-        # The prompt file lives next to the log, outside the worktree (it is not a change).
-        prompt_file = task.log_path.parent / f"iter-{task.iteration:04d}-prompt.md"
+        prompt_file = prompt_path(task)
         prompt_file.parent.mkdir(parents=True, exist_ok=True)
         prompt_file.write_text(task.prompt)
         return render_argv(self.template, task.worktree, prompt_file, self.model)
+
+    def readonly(self, task: Task) -> list[Path]:
+        """The prompt file (in the run's hidden logs folder) and the files the template names."""
+        prompt_file = prompt_path(task)
+        argv = render_argv(self.template, task.worktree, prompt_file, self.model)
+        return [prompt_file, *template_files(argv, task.worktree)]
 
     def parse(self, stdout: str, stderr: str = "") -> CLIOutput:
         return parse_command_output(stdout)

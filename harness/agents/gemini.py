@@ -91,6 +91,7 @@ def parse_gemini_output(text: str, stderr: str = "") -> CLIOutput:
 
 class GeminiResearcher(CLIResearcher):
     name = "gemini"
+    config_names = (".gemini",)  # its login and settings, bound into its sandbox
     default_executable = "gemini"
     install_hint = INSTALL_HINT
     key_vars = KEY_VARS["gemini"]
