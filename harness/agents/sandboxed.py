@@ -30,14 +30,13 @@ from pathlib import Path
 
 from .. import events
 from ..errors import AgentError, ConfigError
-from ..executors import sandbox
+from ..executors import sandbox, view
 from ..gitgate import data_files
 
 HARNESS_PACKAGE = Path(__file__).resolve().parent.parent
 DATA_CACHE = Path.home() / ".cache" / "autoresearch-harness"  # prepare.py's default HARNESS_CACHE_DIR
 SHEBANG_BYTES = 256  # bytes read for a script's `#!` line
 INTERPRETER_DEPTH = 3  # a script, its interpreter, that one's (a pyenv shim is a bash script)
-NO_CAPS = ("--unshare-user", "--cap-drop", "ALL")  # added when sandbox.wrap does not add them itself
 OFF_WARNING = ("the researcher's own process runs unsandboxed: it can read the validation bytes (its "
                "worktree's data, git's objects), rewrite the run folder (run.json, the ledger) and "
                "leave processes that outlive its call")
@@ -136,16 +135,16 @@ def confine(jail: Jail | None, argv: list[str], worktree: Path, env: dict[str, s
     scratch = Path(tempfile.mkdtemp(prefix="call-", dir=jail.home.parent / "agent-tmp"))
     hidden = [*jail.hidden, worktree / ".git", *(worktree / p for p in jail.protected_data)]
     argv = [real_folder(argv[0]), *argv[1:]]
-    wrapped = sandbox.wrap(argv, worktree=worktree, tmp_dir=scratch, readonly=seen,
-                           hidden=[h for h in hidden if h.exists()], writable=writable,
-                           network=jail.network, gpu=False, bwrap=jail.bwrap)
-    if "--cap-drop" not in wrapped:
-        wrapped[1:1] = NO_CAPS
     # The CLI stays in the process group the supervisor made (a session of its own, with no
     # terminal, so `--new-session`'s guard against TIOCSTI has nothing to guard): a stop's SIGTERM
     # reaches it, not only bwrap, so it ends cleanly (gemini killed by bwrap's SIGKILL left
     # state that slowed its next call past 8 s); what it setsid'd goes with the PID namespace.
-    wrapped = [a for a in wrapped if a != "--new-session"]
+    try:
+        wrapped = sandbox.wrap(argv, worktree=worktree, tmp_dir=scratch, readonly=seen,
+                               hidden=[h for h in hidden if h.exists()], writable=writable,
+                               network=jail.network, gpu=False, bwrap=jail.bwrap, new_session=False)
+    except view.ViewError as e:
+        raise AgentError(f"the researcher cannot be started in its sandbox: {e}") from None
     base.update(HOME=str(jail.home), TMPDIR="/tmp")
     return Confined(wrapped, base, scratch)
 

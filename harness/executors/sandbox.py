@@ -57,8 +57,11 @@ def isolation() -> list[str]:
 
 def wrap(argv: list[str], *, worktree: Path, tmp_dir: Path, output_dir: Path | None = None,
          readonly: Iterable[Path] = (), hidden: Iterable[Path] = (), writable: Iterable[Path] = (),
-         network: bool = False, gpu: bool = True, bwrap: str = "bwrap") -> list[str]:
+         network: bool = False, gpu: bool = True, bwrap: str = "bwrap", new_session: bool = True) -> list[str]:
     """argv run under bubblewrap, cwd = worktree (which stays writable), seeing only its allow-list.
+
+    new_session False: the process stays in its caller's session (a researcher, whose supervisor
+    already gave it a session without a terminal, so that a stop's SIGTERM reaches it).
 
     Order matters: later mounts cover earlier ones. The runtime and /tmp (tmp_dir) first, then the
     interpreter and the read-only paths, then the worktree, the output folder and the writable
@@ -72,7 +75,7 @@ def wrap(argv: list[str], *, worktree: Path, tmp_dir: Path, output_dir: Path | N
     out = [bwrap, *isolation(), *view.runtime_mounts(), "--dev", "/dev", "--proc", "/proc",
            "--bind", str(tmp_dir), "/tmp",
            "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-           "--die-with-parent", "--new-session"]
+           "--die-with-parent", *(["--new-session"] if new_session else [])]
     if not network:
         out.append("--unshare-net")
     if gpu:
