@@ -149,17 +149,19 @@ def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, m
             return TrainResult("crash", reason=f"could not start the training command: {e}")
         log.follow(proc.stdout.fileno())
         faults.point("during_train")  # tests: the supervisor dies while the job runs
+        watch = bounds.Watch(limits, start)
         try:
-            status, reason = _wait(proc, log, bounds.Watch(limits, start), start, kill_after_s, stall_after_s, cancel)
+            status, reason = _wait(proc, log, watch, start, kill_after_s, stall_after_s, cancel)
         finally:
             kill_group(proc)
             log.close()  # the output drained, the tail written: before the result is read
             proc.stdout.close()
-        if status is None:  # it exited: did it run into a bound the kernel enforced?
-            over = group.exceeded(limits) if group else None
+        if status is None:  # it exited: did it run into a bound?
+            over = watch.over(float("inf"))  # a filler faster than the watch's period, measured once more
             if over is None and proc.returncode != 0:
-                over = bounds.file_too_large(proc.returncode, tail(log_path, RESULT_TAIL_BYTES), limits)
-            status, reason = ("invalid", over) if over and proc.returncode != 0 else (None, "")
+                over = (group.exceeded(limits) if group else None) or bounds.file_too_large(
+                    proc.returncode, tail(log_path, RESULT_TAIL_BYTES), limits)
+            status, reason = ("invalid", over) if over else (None, "")
     finally:
         log.close()
         if group is not None:

@@ -158,7 +158,7 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
         copy_job_file(space.out / "result.json", result_file)
     if cfg.evaluate_command:
         result = job_outcome(result, log_path)
-    else:
+    elif result.status != "invalid":  # a bound the job ran into (limits.py) stays its verdict
         result = seal.judge(result, result_file, ch.key, cfg.metric, cfg.time_budget)
     result = guard.after_training(cfg.run_dir, worktree, cfg.protected, result)
     result = within_budget(cfg, where, worktree, base, result)
