@@ -37,6 +37,7 @@ DATA_CACHE = Path.home() / ".cache" / "autoresearch-harness"  # prepare.py's def
 # Caches that tools write under $HOME, sent to the private /tmp (the home is read-only in the sandbox).
 SANDBOX_ENV = {"TMPDIR": "/tmp", "TRITON_HOME": "/tmp", "TRITON_CACHE_DIR": "/tmp/.triton",
                "TORCHINDUCTOR_CACHE_DIR": "/tmp/.inductor", "CUDA_CACHE_PATH": "/tmp/.nv", "MPLCONFIGDIR": "/tmp/.mpl"}
+SUMMARY_LINE_RE = re.compile(r"^\w+:\s*[-+0-9.eE]+$|^\w+:\s*(nan|inf)$", re.I)  # a `key: number` result line
 JOB_ONLY_ENV = ("HARNESS_DATA_DIR", "HARNESS_MAX_STEPS", "HARNESS_SEED", "HARNESS_TIME_BUDGET")  # not for evaluations
 
 
@@ -190,8 +191,9 @@ def job_outcome(result: TrainResult, log_path: Path) -> TrainResult:
     if result.status in ("timeout", "invalid"):  # the deadline, or a bound (limits.py) the job ran into
         return result
     text = tail(log_path, RESULT_TAIL_BYTES)  # never the whole log: a flood makes it large
-    if result.returncode not in (0, None):
-        last = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
+    if result.returncode not in (0, None):  # its last words, but never a figure it printed (`val_bpb: 0.0001`)
+        last = next((line.strip() for line in reversed(text.splitlines())
+                     if line.strip() and line.strip() != "---" and not SUMMARY_LINE_RE.match(line.strip())), "")
         if last and ":" not in result.reason:  # a SystemExit message is no "...Error" line
             return replace(result, reason=f"{result.reason}: {last[:300]}")
         return result
