@@ -157,9 +157,8 @@ def test_eval_kill_after_bounds_the_evaluation(tmp_path):
     assert result.value("val_bpb") is None and "val_bpb" not in result.metrics  # not the job's printed 1.0
 
 
-def test_cancel_stops_an_evaluation_as_promptly_as_a_training_job(tmp_path):
-    repo = eval_repo(tmp_path, sleep=120)
-    cfg = resolve(repo, "t", {"protected": ["prepare.py", "evaluate.py"]})
+def cancelled_promptly(cfg, repo: Path, tmp_path: Path, started: Path) -> None:
+    """evaluation.train in a thread, cancelled once started exists: KeyboardInterrupt, promptly."""
     cancel, raised = threading.Event(), []
 
     def train():
@@ -169,13 +168,34 @@ def test_cancel_stops_an_evaluation_as_promptly_as_a_training_job(tmp_path):
             raised.append(e)
     thread = threading.Thread(target=train)
     thread.start()
-    eval_log = tmp_path / "logs" / "job.eval.log"
     until = time.monotonic() + 60
-    while not eval_log.exists() and time.monotonic() < until:
+    while not started.exists() and time.monotonic() < until:
         time.sleep(0.1)
-    assert eval_log.exists(), "the evaluation never started"
+    assert started.exists(), f"{started.name} never started"
     t0 = time.monotonic()
     cancel.set()
     thread.join(30)
-    assert not thread.is_alive() and raised, "the evaluation did not stop on cancel"
+    assert not thread.is_alive() and raised, f"{started.name} did not stop on cancel"
     assert time.monotonic() - t0 < 15
+
+
+def test_cancel_stops_an_evaluation_as_promptly_as_a_training_job(tmp_path):
+    repo = eval_repo(tmp_path, sleep=120)
+    cfg = resolve(repo, "t", {"protected": ["prepare.py", "evaluate.py"]})
+    cancelled_promptly(cfg, repo, tmp_path, tmp_path / "logs" / "job.eval.log")
+
+
+def test_cancel_stops_a_training_data_export(tmp_path):
+    repo = eval_repo(tmp_path, sleep=1, extra=f'train_data_command = "{PY} -c \'import time; time.sleep(120)\'"\n')
+    cfg = resolve(repo, "t", {"protected": ["prepare.py", "evaluate.py"]})
+    cancelled_promptly(cfg, repo, tmp_path, tmp_path / "logs" / "train-data" / "export.log")
+
+
+def test_without_a_cgroup_processes_and_files_fall_back_to_rlimits(tmp_path, monkeypatch):
+    monkeypatch.setattr(limits, "CGROUP_ROOT", tmp_path / "no-cgroups")
+    bounds = limits.Limits(memory_mb=64, pids=32, disk_mb=16)
+    assert limits.Cgroup.make(bounds) is None
+    argv = limits.prefix(bounds, None)
+    assert argv[1:] == ["--fsize=16777216", "--nproc=32", "--"] and argv[0].endswith("prlimit")
+    result = job(tmp_path, f"open('{tmp_path}/big', 'wb').write(b'x' * (40 << 20))\n", bounds)
+    assert result.status == "invalid" and "file larger than its 16 MB" in result.reason, result
