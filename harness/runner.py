@@ -137,33 +137,28 @@ def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, m
     argv = wrap(argv) if wrap is not None else argv
     log_path.parent.mkdir(parents=True, exist_ok=True)
     group = bounds.Cgroup.make(limits)
-    log = bounds.CappedLog(log_path, limits.log_mb)
     start = time.monotonic()
     try:
-        try:
-            proc = supervise.spawn(f"train {log_path.name}", bounds.prefix(limits, group) + argv, cwd=cwd, env=env,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   pass_fds=pass_fds)
-        except OSError as e:
-            log.write(f"could not start {argv!r}: {e}\n".encode())
-            return TrainResult("crash", reason=f"could not start the training command: {e}")
-        log.follow(proc.stdout.fileno())
+        # The job writes its log itself (a file, not a pipe to the harness): a job outlives a killed
+        # supervisor as before, for the resumed one to stop; the poll loop bounds its size.
+        with open(log_path, "wb") as log:
+            try:
+                proc = supervise.spawn(f"train {log_path.name}", bounds.prefix(limits, group) + argv, cwd=cwd,
+                                       env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       pass_fds=pass_fds)
+            except OSError as e:
+                log.write(f"could not start {argv!r}: {e}\n".encode())
+                return TrainResult("crash", reason=f"could not start the training command: {e}")
         faults.point("during_train")  # tests: the supervisor dies while the job runs
-        watch = bounds.Watch(limits, start)
+        watch = bounds.Watch(limits, start, log_path)
         try:
-            status, reason = _wait(proc, log, watch, start, kill_after_s, stall_after_s, cancel)
+            status, reason = _wait(proc, log_path, watch, start, kill_after_s, stall_after_s, cancel)
         finally:
             kill_group(proc)
-            log.close()  # the output drained, the tail written: before the result is read
-            proc.stdout.close()
+            bounds.trim_log(log_path, limits.log_mb)  # head and tail kept, the cut said
         if status is None:  # it exited: did it run into a bound?
-            over = watch.over(float("inf"))  # a filler faster than the watch's period, measured once more
-            if over is None and proc.returncode != 0:
-                over = (group.exceeded(limits) if group else None) or bounds.file_too_large(
-                    proc.returncode, tail(log_path, RESULT_TAIL_BYTES), limits)
-            status, reason = ("invalid", over) if over else (None, "")
+            status, reason = _exceeded(proc, group, watch, limits, log_path)
     finally:
-        log.close()
         if group is not None:
             group.remove()
     train_s = time.monotonic() - start
@@ -173,8 +168,18 @@ def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, m
     return TrainResult(status, metrics, train_s, proc.returncode, reason)
 
 
-def _wait(proc: subprocess.Popen, log, watch, start: float, kill_after_s: float, stall_after_s: float | None,
-          cancel: threading.Event | None) -> tuple[str | None, str]:
+def _exceeded(proc: subprocess.Popen, group, watch, limits, log_path: Path) -> tuple[str | None, str]:
+    """("invalid", the bound) of a job that exited past a bound, else (None, "")."""
+    from .executors import limits as bounds
+    over = watch.over(float("inf"))  # a filler faster than the watch's period, measured once more
+    if over is None and proc.returncode != 0:
+        over = (group.exceeded(limits) if group else None) or bounds.file_too_large(
+            proc.returncode, tail(log_path, RESULT_TAIL_BYTES), limits)
+    return ("invalid", over) if over else (None, "")
+
+
+def _wait(proc: subprocess.Popen, log_path: Path, watch, start: float, kill_after_s: float,
+          stall_after_s: float | None, cancel: threading.Event | None) -> tuple[str | None, str]:
     """Poll the job until it exits (None, "") or must be killed: (status, reason)."""
     last_size, last_change = 0, start
     while True:
@@ -191,7 +196,8 @@ def _wait(proc: subprocess.Popen, log, watch, start: float, kill_after_s: float,
         over = watch.over(now)
         if over:
             return "invalid", over
-        if log.received != last_size:
-            last_size, last_change = log.received, now
+        size = log_path.stat().st_size
+        if size != last_size:
+            last_size, last_change = size, now
         elif stall_after_s and now - last_change > stall_after_s:
             return "timeout", f"no output for {stall_after_s:.0f}s (stall)"

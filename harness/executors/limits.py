@@ -11,18 +11,17 @@
 - The folders bound into the sandbox (private /tmp, output folder, worktree) are host folders:
   `Watch` measures their growth every WATCH_EVERY_S from the runner's poll loop, and the runner
   kills the job's group when one is over the disk bound.
-- The log: streamed from a pipe to disk and capped (`CappedLog`: head and tail kept, the cut said
-  in the log), so neither the disk nor the supervisor grows with a job's output.
+- The log: the job writes it (a file, so a job outlives a killed supervisor as before); the poll
+  loop kills a job whose log is past the bound, and `trim_log` keeps its head and tail, the cut
+  said in it, reading only the tail: neither the disk nor the supervisor grows with a flood.
 Each bound has a default derived from the machine (`defaults`), a config key and a `harness run` flag.
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import json
 import os
 import re
-import select
 import shutil
 import signal
 import threading
@@ -35,12 +34,10 @@ MEMORY_FRACTION = 0.5  # of MemTotal, per job: a runaway job leaves the machine 
 DEFAULT_PIDS = 4096  # processes and threads per job: data-loader workers and their threads use hundreds
 DISK_FRACTION = 0.25  # of the free space where the run lives, per watched folder
 DISK_CAP_MB = 50 * 1024  # MB: the disk bound's default never exceeds this, however large the disk
-DEFAULT_LOG_MB = 64  # MB of log kept per job (head and tail)
-TAIL_BYTES = 1 * MB  # of a capped log's end, kept in memory until the job ends (the result block is there)
+DEFAULT_LOG_MB = 128  # MB of log per job: a line per step for hours is far less; a flood is killed here
+TAIL_BYTES = 1 * MB  # of a cut log's end, kept (the result block and the last error are there)
 WATCH_EVERY_S = 2.0  # s between measurements of the watched folders
 MAX_ENTRIES = 200_000  # files and folders a watched folder may hold: a million tiny files would stall the walk
-PUMP_WAIT_S = 0.2  # s the log's reader waits for output before it looks whether it should stop
-DRAIN_S = 5.0  # s the log's reader may take to drain the pipe once the job is gone
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 JOIN_SH = ('while [ "$1" != -- ]; do echo $$ > "$1" || { echo "harness: cannot join the cgroup $1" >&2; '
            'exit 125; }; shift; done; shift; exec "$@"')
@@ -285,14 +282,20 @@ def usage(folder: Path) -> tuple[int, int]:
 
 
 class Watch:
-    """The watched folders' growth since the job started, measured every WATCH_EVERY_S."""
+    """The log's size at every poll; the watched folders' growth since the job started, every
+    WATCH_EVERY_S."""
 
-    def __init__(self, limits: Limits, now: float):
-        self.limits = limits
+    def __init__(self, limits: Limits, now: float, log_path: Path | None = None):
+        self.limits, self.log_path = limits, log_path
         self.start = {label: usage(path) for label, path in limits.watch} if limits.disk_mb else {}
         self.next_s = now + WATCH_EVERY_S
 
     def over(self, now: float) -> str | None:
+        """The bound the job is past, or None. now = inf: measure everything now (at its exit)."""
+        if self.log_path is not None and self.limits.log_mb and now != float("inf"):
+            with contextlib.suppress(OSError):
+                if self.log_path.stat().st_size > self.limits.log_mb * MB:
+                    return f"it printed more than its {self.limits.log_mb} MB log bound {raise_with('log')}"
         if not self.start or now < self.next_s:
             return None
         self.next_s = now + WATCH_EVERY_S
@@ -311,67 +314,27 @@ class Watch:
 # The log
 
 
-class CappedLog:
-    """The job's output, from a pipe to path: the first log_mb - TAIL_BYTES as they come, then only
-    the last TAIL_BYTES (in memory), written after a line that says how much was cut."""
-
-    def __init__(self, path: Path, log_mb: int):
-        self.path, self.cap = path, log_mb * MB
-        self.head_bytes = max(self.cap - TAIL_BYTES, self.cap // 2)
-        self.file = open(path, "wb")
-        self.received = 0
-        self.tail: collections.deque[bytes] = collections.deque()
-        self.tail_size = 0
-        self.stop = threading.Event()
-        self.thread: threading.Thread | None = None
-
-    def write(self, data: bytes) -> None:
-        """A line of the harness's own (could not start)."""
-        self.file.write(data)
-
-    def follow(self, fd: int) -> None:
-        self.thread = threading.Thread(target=self._pump, args=(fd,), name=f"log {self.path.name}", daemon=True)
-        self.thread.start()
-
-    def _pump(self, fd: int) -> None:
-        while True:
-            ready, _, _ = select.select([fd], [], [], PUMP_WAIT_S)
-            if not ready:
-                if self.stop.is_set():
-                    return
-                continue
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                return
-            self._take(chunk)
-
-    def _take(self, chunk: bytes) -> None:
-        room = self.head_bytes - min(self.received, self.head_bytes)
-        self.received += len(chunk)
-        if room:
-            self.file.write(chunk[:room])
-            chunk = chunk[room:]
-        if chunk:
-            self.tail.append(chunk)
-            self.tail_size += len(chunk)
-            while self.tail_size - len(self.tail[0]) >= TAIL_BYTES:
-                self.tail_size -= len(self.tail.popleft())
-
-    def close(self) -> None:
-        """Drain what the job left in the pipe (up to DRAIN_S), then the cut and the tail. Idempotent."""
-        if self.file.closed:
-            return
-        if self.thread is not None:
-            self.stop.set()
-            self.thread.join(DRAIN_S)
-        tail = b"".join(self.tail)[-TAIL_BYTES:]
-        cut = self.received - self.head_bytes - len(tail)
-        if cut > 0:
-            self.file.write(f"\n[harness: {cut} bytes of output cut here: the log keeps its first "
-                            f"{self.head_bytes // MB} MB and its last {len(tail) // 1024} KB "
-                            f"{raise_with('log')}]\n".encode())
-        self.file.write(tail)
-        self.file.close()
+def trim_log(path: Path, log_mb: int) -> int:
+    """Cut a log past log_mb to its head and its last TAIL_BYTES, with a line that says so, reading
+    only the tail (never the whole log); the bytes cut. The job is gone: nothing writes it now."""
+    cap = log_mb * MB
+    try:
+        size = path.stat().st_size
+        if not log_mb or size <= cap:
+            return 0
+        head = max(cap - TAIL_BYTES, cap // 2)
+        with open(path, "r+b") as f:
+            f.seek(size - TAIL_BYTES)
+            tail = f.read(TAIL_BYTES)
+            f.seek(head)
+            f.truncate()
+            cut = size - head - len(tail)
+            f.write(f"\n[harness: {cut} bytes of output cut here: the log keeps its first {head // MB} MB and "
+                    f"its last {len(tail) // 1024} KB {raise_with('log')}]\n".encode())
+            f.write(tail)
+        return cut
+    except OSError:
+        return 0
 
 
 # ---------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """Cheats that spend what a job may not (issue 22, items 8 and 9), through the real driver on the
 bundled workload, with small bounds set through the config keys: a log flood, a memory hog, a
 fork bomb, disk fillers in the private /tmp, the output folder and the worktree, and a job that
-prints a fake val_bpb and exits 1. None is kept; each row names the bound (or the job is judged
-on its honest evaluation); the branch never moves, nothing is left running, and the
-supervisor does not grow with the flood."""
+prints a fake val_bpb and exits 1. None is kept; each row names the bound and carries no metric;
+the branch never moves, nothing is left running, and the supervisor does not grow with the
+flood (it reads only the log's tail)."""
 from __future__ import annotations
 
 import os
@@ -36,8 +36,8 @@ def filler(folder: str) -> str:
 
 FAKE_THEN_EXIT = 'print("---")\nprint("val_bpb: 0.000100")\nraise SystemExit(1)\n'
 
-CHEATS = {  # name -> (code appended to train.py's imports or end, a phrase of its row's reason; None: judged)
-    "flood the log with 300 MB": (FLOOD, None),
+CHEATS = {  # name -> (code added after train.py's imports or at its end, a phrase of its row's reason)
+    "flood the log with 300 MB": (FLOOD, "--job-log-mb"),
     "allocate 3 GB": (HOG, "--job-memory-mb"),
     "fork until refused": (BOMB, "--job-pids"),
     "fill the private /tmp": (filler("'/tmp'"), "disk bound to its private tmp"),
@@ -48,7 +48,7 @@ CHEATS = {  # name -> (code appended to train.py's imports or end, a phrase of i
 NAMES = [f"{name}{suffix}" for name in CHEATS for suffix in ("", " (obfuscated)")]
 
 
-def cheat_of(label: str) -> tuple[str, str | None]:
+def cheat_of(label: str) -> tuple[str, str]:
     return CHEATS[label.removesuffix(" (obfuscated)")]
 
 
@@ -84,15 +84,10 @@ def test_the_baseline_is_kept_and_the_branch_never_moves(night):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_each_cheat_is_refused_by_its_bound(night, name):
-    _, _, by_name, rows, _ = night
-    row = by_name[name]
+    row = night[2][name]
     _, expect = cheat_of(name)
-    assert row["status"] not in ("keep", "repeat"), row
-    if expect:
-        assert row["status"] in ("invalid", "crash") and expect in row["description"], row["description"]
-        assert row["metric"] is None and "0.0001" not in row["description"], row  # never a figure the job printed
-    else:  # judged on what the evaluation measured
-        assert row["sealed"] == "yes" and row["metric"] == rows[0]["metric"], row
+    assert row["status"] in ("invalid", "crash") and expect in row["description"], row["description"]
+    assert row["metric"] is None and "0.0001" not in row["description"], row  # never a figure the job printed
 
 
 def test_the_flood_left_a_capped_log_and_a_small_supervisor(night):
