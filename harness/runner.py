@@ -14,9 +14,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from . import faults, supervise
+
+if TYPE_CHECKING:
+    from .executors.limits import Cgroup, Limits, Watch
 
 # Variables that must never reach the training job (the researcher's code runs there).
 SECRET_RE = re.compile(r"(_API_KEY|_TOKEN|_SECRET|_PASSWORD|_CREDENTIALS?)$|^(AWS_|AZURE_|GH_|GITHUB_TOKEN)", re.I)
@@ -120,7 +123,7 @@ def kill_group(proc: subprocess.Popen) -> None:
 def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, metric: str,
                  kill_after_s: float, stall_after_s: float | None = None,
                  pass_fds: tuple[int, ...] = (), cancel: threading.Event | None = None,
-                 wrap: Callable[[list[str]], list[str]] | None = None, limits=None) -> TrainResult:
+                 wrap: Callable[[list[str]], list[str]] | None = None, limits: Limits | None = None) -> TrainResult:
     """Run the job to completion, a crash, the hard deadline, a stall or a bound; never raises for job failures.
 
     A KeyboardInterrupt while waiting (or cancel set, from another thread) kills the job's
@@ -168,7 +171,8 @@ def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, m
     return TrainResult(status, metrics, train_s, proc.returncode, reason)
 
 
-def _exceeded(proc: subprocess.Popen, group, watch, limits, log_path: Path) -> tuple[str | None, str]:
+def _exceeded(proc: subprocess.Popen, group: Cgroup | None, watch: Watch, limits: Limits,
+              log_path: Path) -> tuple[str | None, str]:
     """("invalid", the bound) of a job that exited past a bound, else (None, "")."""
     from .executors import limits as bounds
     over = watch.over(float("inf"))  # a filler faster than the watch's period, measured once more
@@ -178,7 +182,7 @@ def _exceeded(proc: subprocess.Popen, group, watch, limits, log_path: Path) -> t
     return ("invalid", over) if over else (None, "")
 
 
-def _wait(proc: subprocess.Popen, log_path: Path, watch, start: float, kill_after_s: float,
+def _wait(proc: subprocess.Popen, log_path: Path, watch: Watch, start: float, kill_after_s: float,
           stall_after_s: float | None, cancel: threading.Event | None) -> tuple[str | None, str]:
     """Poll the job until it exits (None, "") or must be killed: (status, reason)."""
     last_size, last_change = 0, start

@@ -212,3 +212,21 @@ def test_without_a_cgroup_processes_and_files_fall_back_to_rlimits(tmp_path, mon
     assert argv[1:] == ["--fsize=16777216", "--nproc=32", "--"] and argv[0].endswith("prlimit")
     result = job(tmp_path, f"open('{tmp_path}/big', 'wb').write(b'x' * (40 << 20))\n", bounds)
     assert result.status == "invalid" and "file larger than its 16 MB" in result.reason, result
+
+
+@needs_cgroup
+def test_a_daemon_that_left_the_group_and_its_marks_dies_with_the_jobs_cgroup(tmp_path):
+    """setsid + env -i: out of the process group and without the supervisor's token; the cgroup
+    still holds it, and the job's end kills it (here unsandboxed: no PID namespace to do it)."""
+    pid_file = tmp_path / "daemon.pid"
+    code = (f"import subprocess\nsubprocess.Popen(['setsid', 'env', '-i', 'sh', '-c', 'echo $$ > {pid_file}; "
+            f"exec sleep 300'], start_new_session=True)\nimport time\nwhile True:\n    time.sleep(0.1)\n"
+            f"    if open('{pid_file}').read().strip() if __import__('os').path.exists('{pid_file}') else '':\n"
+            f"        break\n")
+    result = job(tmp_path, code, limits.Limits(pids=64))
+    assert result.status == "crash" and "val_bpb" in result.reason, result  # it exited 0 without a result
+    pid = int(pid_file.read_text())
+    until = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < until:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"

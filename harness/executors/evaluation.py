@@ -297,7 +297,8 @@ def evaluate(cfg: RunConfig, worktree: Path, space: Space, base: str, choice: sa
     if done.status == "timeout":
         return replace(job, status="timeout", sealed=True, reason=f"the evaluation was {done.reason} ({why})")
     if done.status == "invalid":  # a bound the evaluation of the job's model ran into
-        return replace(job, status="invalid", sealed=True, reason=f"the evaluation of its model ran into a bound: {done.reason}")
+        return replace(job, status="invalid", sealed=True,
+                       reason=f"the evaluation of its model ran into a bound: {done.reason}")
     value = None if figures is None else figures.get(cfg.metric)
     if done.returncode != 0 or not isinstance(value, (int, float)) or not math.isfinite(value):
         return replace(job, status="crash", sealed=True,

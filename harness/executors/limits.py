@@ -218,8 +218,13 @@ class Cgroup:
         return None
 
     def remove(self) -> None:
-        """rmdir each dir (the kernel's files go with it); an emptied group may take a moment."""
+        """SIGKILL whatever is still inside (the cgroup holds every descendant, however it left the
+        process group), then rmdir each dir (the kernel's files go with it)."""
         for path in set(self.dirs.values()):
+            with contextlib.suppress(OSError, ValueError):
+                for pid in (path / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(int(pid), signal.SIGKILL)
             for _ in range(50):
                 try:
                     path.rmdir()
