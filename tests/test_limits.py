@@ -230,3 +230,19 @@ def test_a_daemon_that_left_the_group_and_its_marks_dies_with_the_jobs_cgroup(tm
     while Path(f"/proc/{pid}").exists() and time.monotonic() < until:
         time.sleep(0.1)
     assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+def test_the_flags_reach_the_run_settings(tmp_path):
+    from click.testing import CliRunner
+
+    from harness import cli
+    shown = CliRunner().invoke(cli.main, ["run", "--help"]).output
+    for flag in ("--job-memory-mb", "--job-pids", "--job-disk-mb", "--job-log-mb", "--eval-kill-after"):
+        assert flag in shown
+    repo = make_repo(tmp_path / "r")
+    cfg = cli.build_config(repo, "t", job_memory_mb=512, job_pids=7, job_disk_mb=0, job_log_mb=3,
+                           eval_kill_after=9.0)
+    assert (cfg.job_memory_mb, cfg.job_pids, cfg.job_disk_mb, cfg.job_log_mb, cfg.eval_kill_after) == (
+        512, 7, 0, 3, 9.0)
+    with pytest.raises(Exception, match="job_pids.*integer >= 0"):
+        cli.build_config(repo, "t", job_pids=-1)
