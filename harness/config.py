@@ -65,6 +65,12 @@ WORKLOAD_DEFAULTS: dict[str, Any] = {
     "slots": None,  # jobs at once on the cluster; None = what its resources hold
     "setup_command": None,  # once per Ray node before its first job; `uv run`: the run's env (uv sync --frozen)
     "setup_timeout": 3600,  # s, the setup command's hard limit
+    # Bounds per job and per evaluation (executors/limits.py); None = derived from the machine, 0 = none
+    "job_memory_mb": None,  # MB of memory; default half of MemTotal
+    "job_pids": None,  # processes and threads; default 4096
+    "job_disk_mb": None,  # MB each of private /tmp, output folder and worktree may grow; default 1/4 of free disk
+    "job_log_mb": None,  # MB of log kept (head and tail); default 64
+    "eval_kill_after": None,  # s, an evaluation's hard deadline; None = calibrated on the baseline's evaluation
 }
 
 RENAMED = {"stall_after": "stall_after_min"}
@@ -73,6 +79,7 @@ TRACKERS = ("mlflow",)
 # A file's setting that does not apply to the chosen backend is left out, not an error.
 AGENT_FILE_KEYS = {"base_url": "base_url", "agent_executable": "executable", "agent_args": "agent_args"}
 EXECUTORS = ("local", "ray")
+LIMIT_KEYS = ("job_memory_mb", "job_pids", "job_disk_mb", "job_log_mb", "eval_kill_after")
 
 TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
@@ -161,6 +168,15 @@ def _check_value(key: str, value: Any) -> Any:
         want(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
              "a non-negative number of seconds")
         return float(value)
+    if key in LIMIT_KEYS:
+        if key == "eval_kill_after":
+            want(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0),
+                 "a positive number of seconds")
+            return None if value is None else float(value)
+        low = 1 if key == "job_log_mb" else 0
+        want(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= low),
+             f"an integer >= {low}" + (" (0 = no bound)" if low == 0 else ""))
+        return value
     if key in ("executor", "ray_address", "job_resources", "slots", "setup_command", "setup_timeout"):
         return _check_executor_value(key, value, want)
     if key == "on_unhealthy":
@@ -315,6 +331,11 @@ class RunConfig:
     slots: int | None = None
     setup_command: str | None = None
     setup_timeout: float = 3600.0  # s
+    job_memory_mb: int | None = None  # see WORKLOAD_DEFAULTS (executors/limits.py)
+    job_pids: int | None = None
+    job_disk_mb: int | None = None  # MB
+    job_log_mb: int | None = None  # MB
+    eval_kill_after: float | None = None  # s
 
     @property
     def branch(self) -> str:
@@ -420,7 +441,7 @@ MEASURED = ("editable", "protected", "train_command", "metric", "direction", "ti
             "gate", "min_delta", "z", "keep_ties", "confirm", "sealed", "policy")
 # Limits and pacing: they may change between sessions; the change is recorded as an event.
 LIMITS = ("hours", "iterations", "max_tokens", "max_cost", "kill_after", "agent_timeout", "stall_after",
-          "health_every", "on_unhealthy", "history_rows", "pipeline", "gpus")
+          "health_every", "on_unhealthy", "history_rows", "pipeline", "gpus", *LIMIT_KEYS)
 FLAGS = {"time_budget": "--time-budget", "max_steps": "--max-steps", "min_delta": "--min-delta",
          "keep_ties": "--keep-ties/--no-keep-ties"}
 

@@ -14,14 +14,18 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from . import faults, supervise
+
+if TYPE_CHECKING:
+    from .executors.limits import Cgroup, Limits, Watch
 
 # Variables that must never reach the training job (the researcher's code runs there).
 SECRET_RE = re.compile(r"(_API_KEY|_TOKEN|_SECRET|_PASSWORD|_CREDENTIALS?)$|^(AWS_|AZURE_|GH_|GITHUB_TOKEN)", re.I)
 TERM_GRACE_S = 5.0  # s between SIGTERM and SIGKILL of the process group
 POLL_S = 0.2  # s between checks of the job
+RESULT_TAIL_BYTES = 256 * 1024  # of the log read for the result block: never the whole log (it may be large)
 
 
 @dataclass
@@ -35,6 +39,10 @@ class TrainResult:
     node: str = ""  # the machine that trained it (executors fill it in)
 
     def value(self, metric: str) -> float | None:
+        """The metric of an ok job only: a crash's, a timeout's or an invalid job's figures are the
+        job's own print, never a row's metric."""
+        if self.status != "ok":
+            return None
         v = self.metrics.get(metric)
         return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
 
@@ -115,53 +123,85 @@ def kill_group(proc: subprocess.Popen) -> None:
 def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, metric: str,
                  kill_after_s: float, stall_after_s: float | None = None,
                  pass_fds: tuple[int, ...] = (), cancel: threading.Event | None = None,
-                 wrap: Callable[[list[str]], list[str]] | None = None) -> TrainResult:
-    """Run the job to completion, a crash, the hard deadline or a stall; never raises for job failures.
+                 wrap: Callable[[list[str]], list[str]] | None = None, limits: Limits | None = None) -> TrainResult:
+    """Run the job to completion, a crash, the hard deadline, a stall or a bound; never raises for job failures.
 
     A KeyboardInterrupt while waiting (or cancel set, from another thread) kills the job's
     process group and propagates as KeyboardInterrupt. pass_fds are inherited by the job (the
-    seal key's pipe). wrap turns the job's argv into the sandbox's (executors/sandbox.py). The job
-    is started through the run's supervisor (supervise.py): it is on disk before it runs, so a
-    resumed supervisor can stop a job its killed predecessor left behind.
+    seal key's pipe). wrap turns the job's argv into the sandbox's (executors/sandbox.py). limits
+    (executors/limits.Limits; None = only the log's default cap) bound its memory, processes, disk
+    and log; a job that ran into one is `invalid`, the bound named. The job is started through the
+    run's supervisor (supervise.py): it is on disk before it runs, so a resumed supervisor can stop
+    a job its killed predecessor left behind.
     """
+    from .executors import limits as bounds  # executors/ imports this module: bound here, not at import
+    limits = limits or bounds.Limits()
     argv = shlex.split(command)
     argv = wrap(argv) if wrap is not None else argv
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    group = bounds.Cgroup.make(limits)
     start = time.monotonic()
-    with open(log_path, "wb") as log:
-        try:
-            proc = supervise.spawn(f"train {log_path.name}", argv, cwd=cwd, env=env, stdout=log,
-                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, pass_fds=pass_fds)
-        except OSError as e:
-            log.write(f"could not start {argv!r}: {e}\n".encode())
-            return TrainResult("crash", reason=f"could not start the training command: {e}")
+    try:
+        # The job writes its log itself (a file, not a pipe to the harness): a job outlives a killed
+        # supervisor as before, for the resumed one to stop; the poll loop bounds its size.
+        with open(log_path, "wb") as log:
+            try:
+                proc = supervise.spawn(f"train {log_path.name}", bounds.prefix(limits, group) + argv, cwd=cwd,
+                                       env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       pass_fds=pass_fds)
+            except OSError as e:
+                log.write(f"could not start {argv!r}: {e}\n".encode())
+                return TrainResult("crash", reason=f"could not start the training command: {e}")
         faults.point("during_train")  # tests: the supervisor dies while the job runs
-        status, reason = None, ""
-        last_size, last_change = 0, start
+        watch = bounds.Watch(limits, start, log_path)
         try:
-            while True:
-                try:  # returns the moment the job exits
-                    proc.wait(timeout=POLL_S)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                if cancel is not None and cancel.is_set():
-                    raise KeyboardInterrupt("training cancelled")
-                now = time.monotonic()
-                if now - start > kill_after_s:
-                    status, reason = "timeout", f"still running after {kill_after_s:.0f}s (kill_after)"
-                    break
-                size = log_path.stat().st_size
-                if size != last_size:
-                    last_size, last_change = size, now
-                elif stall_after_s and now - last_change > stall_after_s:
-                    status, reason = "timeout", f"no output for {stall_after_s:.0f}s (stall)"
-                    break
+            status, reason = _wait(proc, log_path, watch, start, kill_after_s, stall_after_s, cancel)
         finally:
             kill_group(proc)
+            bounds.trim_log(log_path, limits.log_mb)  # head and tail kept, the cut said
+        if status is None:  # it exited: did it run into a bound?
+            status, reason = _exceeded(proc, group, watch, limits, log_path)
+    finally:
+        if group is not None:
+            group.remove()
     train_s = time.monotonic() - start
-    if status == "timeout":
-        return TrainResult("timeout", train_s=train_s, returncode=proc.returncode, reason=reason)
-    text = log_path.read_text(encoding="utf-8", errors="replace")
-    status, metrics, reason = judge(text, proc.returncode, metric)
+    if status is not None:
+        return TrainResult(status, train_s=train_s, returncode=proc.returncode, reason=reason)
+    status, metrics, reason = judge(tail(log_path, RESULT_TAIL_BYTES), proc.returncode, metric)
     return TrainResult(status, metrics, train_s, proc.returncode, reason)
+
+
+def _exceeded(proc: subprocess.Popen, group: Cgroup | None, watch: Watch, limits: Limits,
+              log_path: Path) -> tuple[str | None, str]:
+    """("invalid", the bound) of a job that exited past a bound, else (None, "")."""
+    from .executors import limits as bounds
+    over = watch.over(float("inf"))  # a filler faster than the watch's period, measured once more
+    if over is None and proc.returncode != 0:
+        over = (group.exceeded(limits) if group else None) or bounds.file_too_large(
+            proc.returncode, tail(log_path, RESULT_TAIL_BYTES), limits)
+    return ("invalid", over) if over else (None, "")
+
+
+def _wait(proc: subprocess.Popen, log_path: Path, watch: Watch, start: float, kill_after_s: float,
+          stall_after_s: float | None, cancel: threading.Event | None) -> tuple[str | None, str]:
+    """Poll the job until it exits (None, "") or must be killed: (status, reason)."""
+    last_size, last_change = 0, start
+    while True:
+        try:  # returns the moment the job exits
+            proc.wait(timeout=POLL_S)
+            return None, ""
+        except subprocess.TimeoutExpired:
+            pass
+        if cancel is not None and cancel.is_set():
+            raise KeyboardInterrupt("training cancelled")
+        now = time.monotonic()
+        if now - start > kill_after_s:
+            return "timeout", f"still running after {kill_after_s:.0f}s (kill_after)"
+        over = watch.over(now)
+        if over:
+            return "invalid", over
+        size = log_path.stat().st_size
+        if size != last_size:
+            last_size, last_change = size, now
+        elif stall_after_s and now - last_change > stall_after_s:
+            return "timeout", f"no output for {stall_after_s:.0f}s (stall)"

@@ -30,14 +30,15 @@ from typing import Callable
 from .. import events, guard, seal, trust
 from ..config import RunConfig
 from ..gitgate import Worktree
-from ..runner import TrainResult, run_training, tail, training_env
-from . import budget, sandbox, uvenv, view
+from ..runner import RESULT_TAIL_BYTES, TrainResult, run_training, tail, training_env
+from . import budget, limits, sandbox, uvenv, view
 
 HARNESS_PACKAGE = Path(__file__).resolve().parent.parent
 DATA_CACHE = Path.home() / ".cache" / "autoresearch-harness"  # prepare.py's default HARNESS_CACHE_DIR
 # Caches that tools write under $HOME, sent to the private /tmp (the home is read-only in the sandbox).
 SANDBOX_ENV = {"TMPDIR": "/tmp", "TRITON_HOME": "/tmp", "TRITON_CACHE_DIR": "/tmp/.triton",
                "TORCHINDUCTOR_CACHE_DIR": "/tmp/.inductor", "CUDA_CACHE_PATH": "/tmp/.nv", "MPLCONFIGDIR": "/tmp/.mpl"}
+SUMMARY_LINE_RE = re.compile(r"^\w+:\s*[-+0-9.eE]+$|^\w+:\s*(nan|inf)$", re.I)  # a `key: number` result line
 JOB_ONLY_ENV = ("HARNESS_DATA_DIR", "HARNESS_MAX_STEPS", "HARNESS_SEED", "HARNESS_TIME_BUDGET")  # not for evaluations
 
 
@@ -163,7 +164,7 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
         extra["CUDA_VISIBLE_DEVICES"] = gpu
     readonly = [worktree / ".git"]  # the job may not point the worktree at another repository
     if cfg.train_data_command:
-        data_dir = export_training_data(cfg, worktree, where, base, choice, log_path)
+        data_dir = export_training_data(cfg, worktree, where, base, choice, log_path, cancel)
         if isinstance(data_dir, TrainResult):
             return data_dir
         extra["HARNESS_DATA_DIR"] = str(data_dir)
@@ -189,17 +190,19 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
     with seal.channel(legacy_seal) as ch:
         env = seal.job_env(training_env(dict(os.environ), extra), ch)
         result = run_training(cfg.train_command, worktree, env, log_path, cfg.metric, kill_after_s=cfg.kill_after,
-                              stall_after_s=cfg.stall_after_min * 60, pass_fds=ch.fds, cancel=cancel, wrap=wrap)
+                              stall_after_s=cfg.stall_after_min * 60, pass_fds=ch.fds, cancel=cancel, wrap=wrap,
+                              limits=limits.of(cfg, where).watching(private_tmp=space.tmp, output_folder=space.out,
+                                                                    worktree=worktree))
     if choice.on:  # what the job wrote, where the legacy checks look
         copy_job_file(space.out / "result.json", result_file)
     if cfg.evaluate_command:
         result = job_outcome(result, log_path)
-    else:
+    elif result.status != "invalid":  # a bound the job ran into (limits.py) stays its verdict
         result = seal.judge(result, result_file, ch.key, cfg.metric, cfg.time_budget)
     result = guard.after_training(cfg.run_dir, worktree, cfg.protected, result)
     result = within_budget(cfg, result, allowance_s)
     if cfg.evaluate_command and result.status == "ok":
-        result = evaluate(cfg, worktree, space, base, choice, result, log_path)
+        result = evaluate(cfg, worktree, space, base, choice, result, log_path, cancel)
     shutil.rmtree(space.root, ignore_errors=True)  # the saved model can be large; the logs stay
     return result
 
@@ -223,11 +226,12 @@ def job_outcome(result: TrainResult, log_path: Path) -> TrainResult:
     refused = _read(log_path.with_suffix(".result.json")) or {}
     if "refused" in refused:  # the workload's own code refused to go on (prepare.py's checks)
         return replace(result, status="invalid", reason=f"prepare.py refused: {str(refused['refused'])[:400]}")
-    text = log_path.read_text(encoding="utf-8", errors="replace")
-    if result.status == "timeout":
+    if result.status in ("timeout", "invalid"):  # the deadline, or a bound (limits.py) the job ran into
         return result
-    if result.returncode not in (0, None):
-        last = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
+    text = tail(log_path, RESULT_TAIL_BYTES)  # never the whole log: a flood makes it large
+    if result.returncode not in (0, None):  # its last words, but never a figure it printed (`val_bpb: 0.0001`)
+        last = next((line.strip() for line in reversed(text.splitlines())
+                     if line.strip() and line.strip() != "---" and not SUMMARY_LINE_RE.match(line.strip())), "")
         if last and ":" not in result.reason:  # a SystemExit message is no "...Error" line
             return replace(result, reason=f"{result.reason}: {last[:300]}")
         return result
@@ -269,8 +273,9 @@ def harness_env(extra: dict[str, str]) -> dict[str, str]:
 
 
 def export_training_data(cfg: RunConfig, worktree: Path, where: Path, base: str, choice: sandbox.Choice,
-                         log_path: Path) -> Path | TrainResult:
-    """Run train_data_command once per baseline and dataset; the folder the job gets read-only."""
+                         log_path: Path, cancel: threading.Event | None = None) -> Path | TrainResult:
+    """Run train_data_command once per baseline and dataset; the folder the job gets read-only.
+    cancel set (Ctrl-C, SIGTERM) stops it as promptly as a training job (KeyboardInterrupt)."""
     dataset = re.sub(r"[^A-Za-z0-9._-]", "_", os.environ.get("HARNESS_DATASET", "default"))
     dest = where / "train-data" / f"{base[:12]}-{dataset}"
     if (dest / ".done").exists():
@@ -285,8 +290,9 @@ def export_training_data(cfg: RunConfig, worktree: Path, where: Path, base: str,
     log = where / "train-data" / "export.log"
     wrap = wrapper(choice, worktree=work, tmp_dir=tmp, output_dir=dest, readonly=[data_cache()],
                    hidden=[p for p in (cfg.run_dir, cfg.repo / ".git", HARNESS_PACKAGE) if p.exists()])
+    bounds = limits.of(cfg, where).watching(private_tmp=tmp)  # the split itself may be larger than a job's files
     done = run_training(cfg.train_data_command, work, harness_env({"HARNESS_OUTPUT_DIR": str(dest)}),
-                        log, metric="-", kill_after_s=cfg.kill_after, wrap=wrap)
+                        log, metric="-", kill_after_s=cfg.kill_after, wrap=wrap, cancel=cancel, limits=bounds)
     if done.returncode != 0:
         return TrainResult("crash", reason=f"train_data_command failed ({done.reason}): {tail(log, 600)}")
     (dest / ".done").write_text("")
@@ -294,8 +300,11 @@ def export_training_data(cfg: RunConfig, worktree: Path, where: Path, base: str,
 
 
 def evaluate(cfg: RunConfig, worktree: Path, space: Space, base: str, choice: sandbox.Choice,
-             job: TrainResult, log_path: Path) -> TrainResult:
-    """Run evaluate_command from the baseline's files on what the job left; its result is the metric."""
+             job: TrainResult, log_path: Path, cancel: threading.Event | None = None) -> TrainResult:
+    """Run evaluate_command from the baseline's files on what the job left; its result is the metric.
+
+    It has its own deadline (limits.eval_deadline), bounds (limits.of) and the job's cancel event;
+    a failed evaluation's row carries no figure of the job's metric."""
     materialise(worktree, base, cfg.protected, space.evaluator)
     result_file = space.eval_out / "result.json"
     eval_log = log_path.with_suffix(".eval.log")
@@ -304,21 +313,32 @@ def evaluate(cfg: RunConfig, worktree: Path, space: Space, base: str, choice: sa
               if p.exists()]
     wrap = wrapper(choice, worktree=space.evaluator, tmp_dir=space.eval_tmp, output_dir=space.eval_out,
                    readonly=[space.out, data_cache()], hidden=hidden, network=False)
-    done = run_training(cfg.evaluate_command, space.evaluator, env, eval_log, cfg.metric,
-                        kill_after_s=cfg.kill_after, wrap=wrap)
+    where = state_dir(cfg, log_path)
+    with Worktree(worktree) as wt:
+        at_base = wt.head() == base
+    deadline_s, why = limits.eval_deadline(cfg.eval_kill_after, where, base, at_base)
+    bounds = limits.of(cfg, where).watching(private_tmp=space.eval_tmp, output_folder=space.eval_out)
+    done = run_training(cfg.evaluate_command, space.evaluator, env, eval_log, cfg.metric, kill_after_s=deadline_s,
+                        wrap=wrap, cancel=cancel, limits=bounds)
     figures = _read(result_file)
     logged = {k: v for k, v in job.metrics.items()  # the job's own figures: a log, never the metric
               if k != cfg.metric and isinstance(v, float)}
+    job = replace(job, metrics=logged)  # whatever the evaluation says, the job's printed metric is gone
     if figures is not None and "refused" in figures:
         return replace(job, status="invalid", sealed=True, reason=f"the evaluation refused the model: "
                                                                   f"{str(figures['refused'])[:400]}")
     if done.status == "timeout":
-        return replace(job, status="timeout", sealed=True, reason=f"the evaluation was {done.reason}")
+        return replace(job, status="timeout", sealed=True, reason=f"the evaluation was {done.reason} ({why})")
+    if done.status == "invalid":  # a bound the evaluation of the job's model ran into
+        return replace(job, status="invalid", sealed=True,
+                       reason=f"the evaluation of its model ran into a bound: {done.reason}")
     value = None if figures is None else figures.get(cfg.metric)
     if done.returncode != 0 or not isinstance(value, (int, float)) or not math.isfinite(value):
         return replace(job, status="crash", sealed=True,
                        reason=f"the evaluation gave no finite {cfg.metric} ({done.reason or 'no result file'}): "
                               f"{tail(eval_log, 400)}")
+    if at_base:
+        limits.calibrate_eval(where, base, done.train_s)
     metrics = {**logged, **{k: float(v) for k, v in figures.items()
                             if isinstance(v, (int, float)) and not isinstance(v, bool)}}
     return replace(job, status="ok", metrics=metrics, sealed=True, reason="")
