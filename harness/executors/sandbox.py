@@ -93,7 +93,9 @@ def wrap(argv: list[str], *, worktree: Path, tmp_dir: Path, output_dir: Path | N
         out += ["--ro-bind", str(path), str(path)]
     visible = [*shown, *bound, *extra]
     hidden += [Path(p) for p in (*view.private_runtime_files(), *view.bundled_copies(run.roots))]
-    covered = [h for h in hidden if view.in_runtime(str(h)) or any(h == v or h.is_relative_to(v) for v in visible)]
+    # what is bound explicitly wins over a hidden folder that is, or holds, it (the worktree inside
+    # the hidden run folder); a hidden path strictly inside something shown is covered
+    covered = [h for h in hidden if view.in_runtime(str(h)) or any(h != v and h.is_relative_to(v) for v in visible)]
     out += _cover(list(dict.fromkeys(covered)))
     out += ["--remount-ro", "/"]  # bwrap's own root (the folders it made for the mounts) read-only too
     if run.bindir:  # `python` inside the job is the interpreter the job was started with
