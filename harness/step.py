@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import decide, faults, guard, ledger, pricing, prompt, rebase, seal
+from . import decide, events, faults, guard, ledger, pricing, prompt, rebase, seal
 from .agents import Proposal, Researcher, Task, Usage, sandboxed
+from .agents.base import printable
 from .config import RunConfig
 from .gitgate import Worktree, content_hash, sha256_file
 from .ledger import Row
@@ -272,8 +273,10 @@ def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str
     model = pricing.resolve_model(cfg.model)
     usage = proposal.usage
     cost, _ = pricing.call_cost(model, usage)  # the price table wins over the researcher's figure
+    for problem in proposal.problems:  # its report's numbers were unusable: unknown, never taken as given
+        events.record(cfg.run_dir, "researcher_report", f"iteration {iteration}: {problem}; taken as unknown")
     cand = Candidate(iteration, parent, best_before, started_at, t0, proposal, model, cost,
-                     proposal.description or "(no description)")
+                     printable(proposal.description) or "(no description)")
     agent_log = cfg.logs_dir / f"iter-{iteration:04d}-agent.log"
     if proposal.error:
         ctx.wt.reset_hard(parent)

@@ -160,6 +160,32 @@ def test_cmd_template_with_a_json_usage_line(repo: Path, tmp_path: Path):
     assert (repo / "runs" / "cmd" / "logs" / "iter-0001-prompt.md").exists()
 
 
+def test_bad_researcher_reports_are_unknown_with_an_event_and_garbage_is_not_printed(repo: Path, tmp_path: Path):
+    """A cost of -5 would lower the run's spend under --max-cost; "lots" of tokens is no count."""
+    from harness import events
+    agent = tmp_path / "liar.py"
+    agent.write_text(
+        "import json, re\n"
+        "src = open('train.py').read()\n"
+        "n = 0 if 'VALUE = 1.0' in src else 1  # the first call, or the second (on the kept 0.9)\n"
+        "open('train.py', 'w').write(re.sub(r'^VALUE = .*$', f'VALUE = {0.9 - n / 10:.1f}', src, count=1, flags=re.M))\n"
+        "report = [{'input_tokens': 10, 'output_tokens': 5, 'cost_usd': -5, 'description': 'cheaper than free'},\n"
+        "          {'input_tokens': 'lots', 'output_tokens': 5, 'description': 'bin\\x00\\x1b[2J\\x07ary ' + 'z' * 900}][n]\n"
+        "print(json.dumps(report))\n")
+    template = f"cmd:{sys.executable} {agent}"
+    result = harness(["run", "--repo", repo, "--tag", "liar", "--agent", template, "--iterations", 2])
+    assert result.exit_code == 0, result.output
+    first, second = rows(repo, "liar")[1:]
+    assert first["status"] == "keep" and first["cost_usd"] is None and first["input_tokens"] == 10
+    assert second["input_tokens"] is None and second["output_tokens"] is None  # unknown, never 0
+    assert "\x00" not in second["description"] and "\x1b" not in second["description"]
+    assert second["description"].startswith("bin??[2J?ary zzz") and len(second["description"]) < 300
+    assert "\x1b" not in result.output and "$-" not in result.output
+    kinds = [(e["kind"], e["message"]) for e in events.read(repo / "runs" / "liar")[0]]
+    assert ("researcher_report", "iteration 1: cost_usd '-5' is not a non-negative number; taken as unknown") in kinds
+    assert any(k == "researcher_report" and "input_tokens 'lots'" in m for k, m in kinds)
+
+
 def test_cmd_template_plain_output_and_failure(repo: Path, tmp_path: Path):
     agent = tmp_path / "plain.py"
     agent.write_text(

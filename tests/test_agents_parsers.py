@@ -323,3 +323,22 @@ def test_routing_mismatch():
     now = dict(old["researcher"], provider="openai", base_url=None, base_url_host=None)
     changed = routing_mismatch(old, "codex", "m", now)
     assert changed[0] == "provider 'harness' -> 'openai'" and len(changed) == 3
+
+
+def test_a_researcher_report_that_is_not_a_count_is_unknown_never_a_number():
+    negative = parse_command_output('{"input_tokens": 10, "output_tokens": 3, "cost_usd": -5, "description": "x"}')
+    assert negative.usage.known and negative.usage.input_tokens == 10 and negative.usage.cost_usd is None
+    assert negative.problems == ("cost_usd '-5' is not a non-negative number",)
+    for bad in ('"lots"', "-1", "1.5", "true", "NaN"):
+        out = parse_command_output(f'{{"input_tokens": {bad}, "output_tokens": 3, "cost_usd": 0.25}}')
+        assert not out.usage.known and out.usage.cells() == (None, None, None), bad  # unknown, not 0
+        assert out.usage.cost_usd == 0.25 and out.problems and "input_tokens" in out.problems[0], bad
+    clean = parse_command_output('{"input_tokens": 10, "output_tokens": 3, "cost_usd": 0}')
+    assert clean.problems == () and clean.usage.known and clean.usage.cost_usd == 0.0
+
+
+def test_a_description_is_printable_text_cut_to_a_line():
+    from harness.agents.base import DESCRIPTION_CHARS, printable
+    garbage = "tuned lr\x00\x1b[31m\x07 \ufffe" + "\x8f" * 5 + "\tand\nwarmup"
+    assert printable(garbage) == "tuned lr??[31m? ?????? and warmup"
+    assert len(printable("x" * 5000)) == DESCRIPTION_CHARS and printable("x" * 5000).endswith("...")

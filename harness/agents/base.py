@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,51 @@ class Proposal:
     retries: int = 0
     error: str | None = None  # the invocation failed; the step records it as a crash
     error_kind: str | None = None  # one of ERROR_KINDS when error is set
+    problems: tuple[str, ...] = ()  # what was wrong in its report (the step records them as events)
+
+
+# ---------------------------------------------------------------------------
+# A researcher's own report, validated: a number it gives is a count or a price, or it is unknown
+
+DESCRIPTION_CHARS = 200  # a row's description: one line a person reads
+TOKEN_FIELDS = ("input_tokens", "cached_tokens", "output_tokens")
+
+
+def reported_number(data: dict[str, Any], key: str, whole: bool) -> tuple[float | int | None, str | None]:
+    """data[key] as a finite, non-negative number (an int when whole), None when absent; (None, why)
+    when it is there but not one (a negative cost would lower the run's spend under --max-cost)."""
+    value = data.get(key)
+    if value is None:
+        return None, None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    if ok and whole and float(value) != int(value):
+        ok = False
+    if not ok:
+        return None, f"{key} {str(value)[:40]!r} is not a non-negative number"
+    return (int(value) if whole else float(value)), None
+
+
+def reported_usage(data: dict[str, Any], cost_key: str = "cost_usd") -> tuple[Usage, list[str]]:
+    """The usage a report states: a bad token count makes the call's usage unknown (never 0); a bad
+    cost makes its cost unknown (the price table may still price its tokens)."""
+    problems: list[str] = []
+    counts = []
+    for key in TOKEN_FIELDS:
+        value, why = reported_number(data, key, whole=True)
+        problems += [why] if why else []
+        counts.append(value or 0)
+    cost, why = reported_number(data, cost_key, whole=False)
+    problems += [why] if why else []
+    if any(p.split()[0] in TOKEN_FIELDS for p in problems):
+        return Usage(cost_usd=cost, known=False), problems
+    return Usage(*counts, cost_usd=cost), problems
+
+
+def printable(text: str, limit: int = DESCRIPTION_CHARS) -> str:
+    """A description as one line of printable text (control bytes and binary garbage become '?'), cut."""
+    flat = "".join(c if c.isprintable() else ("?" if c not in "\t\n\r" else " ") for c in str(text or ""))
+    flat = " ".join(flat.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 class Researcher(Protocol):

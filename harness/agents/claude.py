@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import KEY_VARS, Task, Usage, json_object, last_line
+from .base import KEY_VARS, Task, Usage, json_object, last_line, reported_number
 from .cli import CLIOutput, CLIResearcher
 
 INSTALL_HINT = ("Install it with `npm install -g @anthropic-ai/claude-code`, then run `claude` once "
@@ -54,8 +54,8 @@ def parse_claude_result(text: str) -> CLIOutput:
             return CLIOutput(None, "", "claude printed no JSON result object", False, retries)
         error = f"claude was still retrying: {retry.get('error_status') or ''} {retry.get('error') or ''}".strip()
         return CLIOutput(None, "", error, True, retries)
-    cost = data.get("total_cost_usd")
-    usage = result_usage(data, float(cost) if cost is not None else None)
+    cost, _ = reported_number(data, "total_cost_usd", whole=False)  # a negative or garbled cost: unknown
+    usage = result_usage(data, cost)
     result = data.get("result") if isinstance(data.get("result"), str) else ""
     error = None
     if data.get("is_error") or data.get("subtype") not in (None, "success"):

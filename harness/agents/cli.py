@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .. import pricing
-from .base import Proposal, Task, Usage, key_fingerprint
+from .base import Proposal, Task, Usage, key_fingerprint, printable
 from . import sandboxed
 from .process import ProcessResult, classify, find_executable, run_agent
 
@@ -26,6 +26,7 @@ class CLIOutput:
     error: str | None
     found: bool  # its structured output (events, a result object) was there at all
     retries: int = 0  # retries the CLI made itself (429s, 5xx, lost streams)
+    problems: tuple[str, ...] = ()  # what was wrong in its report (base.reported_usage)
 
 
 def url_host(url: str | None) -> str | None:
@@ -153,4 +154,5 @@ class CLIResearcher:
         if usage is None:
             usage = Usage() if self.silent_is_free and not result.killed else Usage.unknown()
         # Tokens spent before a failure are still on the bill: the usage is kept either way.
-        return Proposal(out.description, usage, result.agent_s, out.retries, error=error, error_kind=kind)
+        return Proposal(printable(out.description), usage, result.agent_s, out.retries, error=error,
+                        error_kind=kind, problems=out.problems)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AgentError
-from .base import Task, Usage, json_object, last_line
+from .base import Task, json_object, last_line, reported_usage
 from .cli import CLIOutput, CLIResearcher, cost_source
 from .process import find_executable
 from .sandboxed import template_files
@@ -21,30 +21,19 @@ from .sandboxed import template_files
 PLACEHOLDERS = ("{workdir}", "{prompt_file}", "{model}")
 
 
-def _int(value: Any) -> int:
-    try:
-        return max(0, int(value))
-    except (TypeError, ValueError):
-        return 0
-
-
 def parse_command_output(stdout: str) -> CLIOutput:
-    """Usage and description from the command's stdout (pure); usage None when it printed none."""
+    """Usage and description from the command's stdout (pure); usage None when it printed none.
+    A count or cost that is not a non-negative number is unknown, with the problem said."""
     line = last_line(stdout)
     data = json_object(line)
     if data is None:
         return CLIOutput(None, line, None, False)
-    cost = data.get("cost_usd")
-    try:
-        cost = None if cost is None else float(cost)
-    except (TypeError, ValueError):
-        cost = None
-    usage = Usage(_int(data.get("input_tokens")), _int(data.get("cached_tokens")),
-                  _int(data.get("output_tokens")), cost)
-    description = str(data.get("description") or "")
+    usage, problems = reported_usage(data)
+    description = data.get("description")
+    description = description if isinstance(description, str) else ""
     if not description:  # the line before the JSON, if any
         description = last_line(stdout.strip()[: -len(line)]) if stdout.strip() != line else ""
-    return CLIOutput(usage, description, None, True)
+    return CLIOutput(usage, description, None, True, problems=tuple(problems))
 
 
 def render_argv(template: str, workdir: Path, prompt_file: Path, model: str | None) -> list[str]:
