@@ -88,6 +88,9 @@ def run_options(fn):
                      help="Log every experiment to MLflow (default URI sqlite:///runs/mlflow.db; see docs/tracking.md)."),
         click.option("--force", is_flag=True, default=None, help="Resume even if the model, backend, base URL or key changed."),
         click.option("--resume", is_flag=True, help="Continue the run with this tag."),
+        click.option("--rebaseline", is_flag=True, default=None,
+                     help="With --resume, when no baseline succeeded yet: train the baseline again from your "
+                          "checkout's HEAD (or --from), with the settings as they are now."),
         click.option("--sandbox", type=click.Choice(["auto", "bwrap", "off"]), default=None,
                      help="Run jobs under bubblewrap: auto (default: when it works here), bwrap (required), off."),
         click.option("--network/--no-network", default=None, help="Let sandboxed training jobs reach the network."),
@@ -130,7 +133,9 @@ def build_config(repo: Path, tag: str | None, resume: bool = False, **flags: Any
     options = {k: flags.pop(k) for k in AGENT_OPTIONS if k in flags}
     flags["agent_options"] = {k: v for k, v in options.items() if given(v)} or None
     flags["agent"] = pick_agent(repo, flags.get("agent"), flags.get("model"), flags["agent_options"])
-    if resume:  # the run keeps the settings it was measured with (config.with_run_settings)
+    if flags.get("rebaseline") and not resume:
+        raise click.UsageError("--rebaseline restarts the failed baseline of an existing run: use it with --resume.")
+    if resume and not flags.get("rebaseline"):  # the run keeps the settings it was measured with
         flags = with_run_settings(Path(repo).resolve() / "runs" / tag, flags)
     return resolve(repo, tag, flags)
 

@@ -302,6 +302,7 @@ class RunConfig:
     hours: float | None = None
     iterations: int | None = None
     from_rev: str = "HEAD"
+    rebaseline: bool = False  # --resume --rebaseline: a run whose baseline never succeeded starts again from from_rev
     max_tokens: int | None = None
     max_cost: float | None = None  # USD
     agent_options: dict[str, Any] = field(default_factory=dict)
@@ -396,7 +397,7 @@ def resolve(repo: Path, tag: str, overrides: dict[str, Any]) -> RunConfig:
             file_agent[AGENT_FILE_KEYS[key]] = checked
         else:
             merged[key] = checked
-    run_only = {"hours", "iterations", "from_rev", "max_tokens", "max_cost", "agent_options", "arm", "run_root", "gpu",
+    run_only = {"hours", "iterations", "from_rev", "rebaseline", "max_tokens", "max_cost", "agent_options", "arm", "run_root", "gpu",
                 "pipeline", "gpus", "repeat"}
     extra: dict[str, Any] = {}
     for key, value in overrides.items():

@@ -27,7 +27,7 @@ from .agents import sandboxed
 from .executors import budget, sandbox, uvenv
 from .gitgate import GitGate, Worktree, data_files
 from .ledger import Row
-from .runner import TrainResult
+from .runner import TrainResult, tail
 from .step import (INTERRUPTED, Candidate, Context, RunState, conflict_row, judge_candidate, memory_gb,
                    now_iso, pending, rebased, rel, repeat_row, train, write_journal)
 
@@ -223,8 +223,7 @@ def baseline(ctx: Context, state: RunState, progress: Progress) -> None:
     for r in (row, *repeats):
         ledger.append(cfg.ledger_path, cfg.metric, r)
     if status != "keep":
-        raise RepoError(f"the baseline did not produce {cfg.metric} ({result.reason}). Fix the training "
-                        f"code so it runs on its own; see {log}. Then run again with --resume.")
+        raise RepoError(baseline_failed_message(cfg, base, result, log))
     state.best_value, state.best_runs, state.sigma = statistics.fmean(values), len(values), sigma
 
 
@@ -328,6 +327,38 @@ def existing_commit(ctx: Context, commit: str) -> str:
         raise
 
 
+def rebaseline(cfg: RunConfig, gate: GitGate, start: str, manifest: dict[str, Any]) -> str:
+    """--resume --rebaseline: the run's branch and worktree moved to start (the user's fixed HEAD, or
+    --from), the settings taken as they are now; only while no baseline has succeeded (a kept
+    baseline is what every decision of the run was measured against)."""
+    rows = ledger.read_rows(cfg.ledger_path)
+    if any(r["status"] == "keep" for r in rows):
+        raise RepoError(f"run {cfg.tag} has a baseline that succeeded: --rebaseline only restarts one that "
+                        f"failed. Resume without it, or start a new run: harness run --tag NEW --from {cfg.branch}")
+    old = str(manifest.get("baseline_commit") or "")
+    with Worktree(cfg.worktree) as wt:
+        wt.reset_hard(start)  # the worktree is on the run's branch: it moves with it
+    changed, _ = compare_resume(manifest.get("config", {}), cfg)
+    events.record(cfg.run_dir, "rebaseline",
+                  f"the baseline starts again from {start[:12]} (was {old[:12]}, which never succeeded)"
+                  + (f"; settings now: {'; '.join(changed)}" if changed else ""))
+    return start
+
+
+def baseline_failed_message(cfg: RunConfig, base: str, result: TrainResult, log: Path) -> str:
+    """What a failed baseline says: what it trained, what to fix where, and the exact command."""
+    if result.status == "crash" and f"no '{cfg.metric}:' line" in result.reason:
+        what = (f"The job ran but printed no `{cfg.metric}:` line: if the metric has another name, set "
+                f"`metric` in [tool.harness]; else make train.py print it after a `---` line.")
+    else:
+        what = "Fix the training code so that it runs on its own."
+    last = next((line.strip() for line in reversed(tail(log, 2000).splitlines()) if line.strip()), "")
+    ended = f" Its log ends: {last[:300]}." if last and last not in result.reason else ""
+    return (f"the baseline did not produce {cfg.metric} ({result.reason}).{ended} It trained commit {base[:12]} "
+            f"(your {cfg.from_rev} when the run started); see {log}. {what} Commit the fix (code or "
+            f"settings) in your checkout {cfg.repo}, then: harness run --tag {cfg.tag} --resume --rebaseline")
+
+
 def open_run(cfg: RunConfig, resume: bool, progress: Progress = no_progress,
              researcher: Researcher | None = None, executor: Any = None) -> tuple[Context, RunState | None]:
     """Refuse, create or re-attach the run's worktree. The state is None until the baseline is
@@ -337,7 +368,10 @@ def open_run(cfg: RunConfig, resume: bool, progress: Progress = no_progress,
     researcher = researcher or make_researcher(cfg.agent, cfg.model, cfg.agent_options)
     gate.ensure_excluded()
     cfg.logs_dir.mkdir(parents=True, exist_ok=True)
-    if resume:
+    if resume and cfg.rebaseline:
+        gate.attach_worktree(cfg.worktree, cfg.branch, data_files(cfg.protected))
+        base, manifest = rebaseline(cfg, gate, base, read_manifest(cfg)), None
+    elif resume:
         gate.attach_worktree(cfg.worktree, cfg.branch, data_files(cfg.protected))
         manifest = read_manifest(cfg)
         base = str(manifest.get("baseline_commit") or "")
@@ -359,7 +393,7 @@ def open_run(cfg: RunConfig, resume: bool, progress: Progress = no_progress,
     wt = gate.worktree(cfg.worktree)
     trusted = trusted_baseline(cfg, wt, base, manifest)
     program = program_text(cfg, gate, base)
-    if not resume:
+    if manifest is None:  # a new run, or a baseline started again
         write_manifest(cfg, researcher, base, program, trusted.protected_sha256)
     for name in ("run.json", budget.FILE):
         trusted.hold(cfg.run_dir / name)

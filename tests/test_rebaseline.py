@@ -1,0 +1,66 @@
+"""A failed baseline has a way out: the message names the commit it trained, where the fix goes and
+the exact command; `--resume --rebaseline` trains the baseline again from the user's fixed HEAD with
+the settings as they are now (a metric's name corrected included), and only while none succeeded."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from harness import events, ledger
+from harness.cli import main
+
+from conftest import git, make_repo
+
+BROKEN = 'raise SystemExit("CUDA is not available on this machine")\n'
+OTHER_NAME = 'print("---")\nprint("val_loss: 0.900000")\nprint("peak_vram_mb: 1.0")\n'
+FIXED = 'print("---")\nprint("val_bpb: 0.800000")\nprint("peak_vram_mb: 1.0")\n'
+
+
+def harness(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def commit(repo: Path, name: str, text: str, message: str) -> str:
+    (repo / name).write_text(text)
+    git(repo, "commit", "-qam", message)
+    return git(repo, "rev-parse", "HEAD")
+
+
+def test_a_failed_baseline_is_fixed_in_the_checkout_then_rebaselined(tmp_path):
+    repo = make_repo(tmp_path / "r", train_source=BROKEN)
+    first = git(repo, "rev-parse", "HEAD")
+    failed = harness("run", "--repo", repo, "--tag", "n", "--agent", "mutate", "--iterations", 1, "--baseline-runs", 1)
+    assert failed.exit_code != 0
+    flat = " ".join(failed.output.split())
+    assert f"It trained commit {first[:12]}" in flat and f"in your checkout {repo}" in flat
+    assert "harness run --tag n --resume --rebaseline" in flat and "CUDA is not available" in flat
+    # fixed in the user's checkout, but with the metric under another name: --resume alone retrains the
+    # old commit; --rebaseline trains the new one and says the metric is the thing to set
+    fixed = commit(repo, "train.py", OTHER_NAME, "train on the CPU")
+    again = harness("run", "--repo", repo, "--tag", "n", "--agent", "mutate", "--iterations", 1, "--resume")
+    assert again.exit_code != 0 and f"It trained commit {first[:12]}" in " ".join(again.output.split())
+    renamed = harness("run", "--repo", repo, "--tag", "n", "--agent", "mutate", "--iterations", 1,
+                      "--resume", "--rebaseline")
+    assert renamed.exit_code != 0
+    flat = " ".join(renamed.output.split())
+    assert f"It trained commit {fixed[:12]}" in flat and "set `metric` in [tool.harness]" in flat
+    settings = (repo / "harness.toml").read_text().replace('metric = "val_bpb"', 'metric = "val_loss"')
+    commit(repo, "harness.toml", settings, "the metric's name")
+    final = commit(repo, "train.py", OTHER_NAME.replace("0.900000", "0.700000"), "a better start")
+    ok = harness("run", "--repo", repo, "--tag", "n", "--agent", "mutate", "--iterations", 1,
+                 "--resume", "--rebaseline")
+    assert ok.exit_code == 0, ok.output
+    path = repo / "runs" / "n" / "results.tsv"
+    rows = ledger.read_rows(path)
+    keeps = [r for r in rows if r["status"] == "keep"]
+    assert keeps[0]["commit"] == final[:12] and keeps[0]["metric"] == 0.7 and keeps[0]["description"] == "baseline"
+    assert [r["status"] for r in rows[:3]] == ["crash", "crash", "crash"]  # the failed attempts stay, unused
+    assert git(repo, "rev-parse", "autoresearch/n").startswith(keeps[-1]["commit"])
+    kinds = [e["kind"] for e in events.read(repo / "runs" / "n")[0]]
+    assert kinds.count("rebaseline") == 2
+    refused = harness("run", "--repo", repo, "--tag", "n", "--agent", "mutate", "--iterations", 1,
+                      "--resume", "--rebaseline")
+    assert refused.exit_code != 0 and "only restarts one that failed" in refused.output
+    alone = harness("run", "--repo", repo, "--tag", "m", "--agent", "mutate", "--rebaseline")
+    assert alone.exit_code != 0 and "use it with --resume" in alone.output
