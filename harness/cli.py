@@ -343,7 +343,8 @@ def rerun(commit, repeat, repo, **flags):
 @click.option("--model-b", default=None, help="Arm B's model (default: --model).")
 @click.option("--arm", "arm_specs", multiple=True, metavar="NAME=AGENT[:MODEL][,KEY=VALUE]",
               help="An arm of a tournament (repeatable, two or more), e.g. high=codex:gpt-5.4,reasoning_effort=high.")
-@click.option("--repeats", type=int, default=None, help="Run each arm R times from the same baseline, other seeds.")
+@click.option("--repeats", type=click.IntRange(min=1), default=None,
+              help="Run each arm R times from the same baseline, other seeds (at least 1).")
 @click.option("--workload", "workloads", multiple=True, type=click.Path(file_okay=False, path_type=Path),
               help="Another research repo the same arms run on (repeatable): one task per repo and repeat.")
 @click.option("--hours", type=float, default=None, help="Hours per arm: each arm's own elapsed time.")

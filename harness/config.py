@@ -406,7 +406,10 @@ def resolve(repo: Path, tag: str, overrides: dict[str, Any]) -> RunConfig:
         if key in run_only:
             extra[key] = value
         else:
-            merged[key] = _check_value(key, value)
+            try:
+                merged[key] = _check_value(key, value)
+            except ConfigError as e:  # given on the command line: the flag is what to fix
+                raise ConfigError(str(e).replace(f"config key {key!r}", flag_of(key), 1)) from None
     if merged["track"] and ":" in merged["track"]:  # --track mlflow:URI
         merged["track"], merged["track_uri"] = merged["track"].split(":", 1)
         if not merged["track_uri"].strip():
@@ -445,6 +448,11 @@ LIMITS = ("hours", "iterations", "max_tokens", "max_cost", "kill_after", "agent_
           "health_every", "on_unhealthy", "history_rows", "pipeline", "gpus", *LIMIT_KEYS)
 FLAGS = {"time_budget": "--time-budget", "max_steps": "--max-steps", "min_delta": "--min-delta",
          "keep_ties": "--keep-ties/--no-keep-ties"}
+
+
+def flag_of(key: str) -> str:
+    """The `harness run` flag that sets a config key."""
+    return FLAGS.get(key, "--" + {"stall_after_min": "stall_after"}.get(key, key).replace("_", "-"))
 
 
 def _same(old: Any, new: Any) -> bool:
