@@ -159,23 +159,24 @@ def run_check(cfg: RunConfig, hours: float) -> CheckReport:
 
 
 def sandbox_line(cfg: RunConfig) -> str:
-    choice = sandbox.resolve(cfg.sandbox)
-    if choice.on:
-        net = "network allowed" if cfg.network else "no network"
-        return (f"bwrap ({sandbox.caps_line(sandbox.capabilities(cfg.sandbox))}; own PID namespace; sees the "
-                f"system runtime, its interpreter, its worktree and data, nothing else; {net})")
-    return f"off ({'--sandbox off' if choice.setting == 'off' else choice.warning})"
+    return _confinement(sandbox.resolve(cfg.sandbox), "--sandbox", cfg.network, sandbox.UNPROTECTED,
+                        "sees the system runtime, its interpreter, its worktree and data, nothing else")
 
 
 def agent_sandbox_line(cfg: RunConfig, backend: str) -> str:
     if backend in ("openai", "mutate"):
         return "none needed (it runs no code: the harness applies its edits)"
-    choice = sandboxed.resolve(cfg.agent_sandbox)
-    if choice.on:
-        net = "network allowed" if cfg.agent_network else "no network"
-        return (f"bwrap (own PID namespace, no capabilities, its worktree without .git and the protected data, "
-                f"its own home, run folder and repo hidden, {net})")
-    return f"off ({'--agent-sandbox off: ' + sandboxed.OFF_WARNING if choice.setting == 'off' else choice.warning})"
+    return _confinement(sandboxed.resolve(cfg.agent_sandbox), "--agent-sandbox", cfg.agent_network,
+                        sandboxed.OFF_WARNING, "its worktree without .git and the protected data, its own home, "
+                                               "run folder and repo hidden")
+
+
+def _confinement(choice, flag: str, network: bool, off_warning: str, sees: str) -> str:
+    """One line of `harness check`: what confines the job or the researcher, read from inside it."""
+    if not choice.on:
+        return f"off ({f'{flag} off: ' + off_warning if choice.setting == 'off' else choice.warning})"
+    caps = sandbox.caps_line(sandbox.probe(sandbox.bwrap_path()).capabilities)
+    return f"bwrap ({caps}; own PID namespace; {sees}; {'network allowed' if network else 'no network'})"
 
 
 def render(r: CheckReport) -> str:

@@ -320,6 +320,11 @@ def test_a_run_and_harness_check_under_the_sandbox(tmp_path):
     check = harness(["check", "--repo", repo, "--agent", "mutate"])
     assert check.exit_code == 0, check.output
     assert "sandbox     bwrap (CapEff 0, CapBnd 0, uid " in check.output
+    assert "researcher sandbox  none needed (it runs no code" in check.output  # mutate
+    edit = "cmd:sed -i s/VALUE\\ =\\ 1.0/VALUE\\ =\\ 0.5/ train.py"
+    jailed = harness(["check", "--repo", repo, "--agent", edit, "--agent-sandbox", "bwrap", "--agent-network", "off"])
+    assert jailed.exit_code == 0, jailed.output
+    assert "researcher sandbox  bwrap (CapEff 0, CapBnd 0, uid " in jailed.output and "no network" in jailed.output
 
 
 def test_without_bwrap_auto_warns_loudly_and_still_runs(tmp_path, monkeypatch):
