@@ -6,6 +6,7 @@ Only commits the harness made are ever reset.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -47,10 +48,28 @@ def content_hash(root: Path, paths: tuple[str, ...]) -> str:
     return h.hexdigest()
 
 
+# Settings of the user's that must not run on the harness's own commits: a signing prompt (pinentry)
+# would hang the night, a failing gpg abort it, a pre-commit hook refuse a candidate or rewrite it.
+# core.hooksPath at /dev/null: git finds no hook there. Everything else of the user's config holds.
+HARNESS_GIT_CONFIG = (("commit.gpgsign", "false"), ("tag.gpgsign", "false"), ("core.hooksPath", os.devnull))
+
+
+def open_repo(path: Path, **kw) -> git.Repo:
+    """A GitPython Repo whose git commands run with HARNESS_GIT_CONFIG over the user's settings
+    (GIT_CONFIG_COUNT/KEY_n/VALUE_n, which git reads after every config file)."""
+    repo = git.Repo(path, **kw)
+    base = int(os.environ.get("GIT_CONFIG_COUNT", "0") or 0)
+    env = {"GIT_CONFIG_COUNT": str(base + len(HARNESS_GIT_CONFIG))}
+    for i, (key, value) in enumerate(HARNESS_GIT_CONFIG, start=base):
+        env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, value
+    repo.git.update_environment(**env)
+    return repo
+
+
 class GitGate:
     def __init__(self, repo: Path):
         try:
-            self.repo = git.Repo(repo, search_parent_directories=False)
+            self.repo = open_repo(repo, search_parent_directories=False)
         except (git.InvalidGitRepositoryError, git.NoSuchPathError):
             raise RepoError(f"{repo} is not a git repository. Run `git init && git add -A && "
                             f"git commit -m init` there first, or pass --repo DIR.") from None
@@ -152,7 +171,7 @@ class Worktree:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.repo = git.Repo(self.path)
+        self.repo = open_repo(self.path)
         self._clear_stale_lock()
 
     def close(self) -> None:
@@ -182,7 +201,7 @@ class Worktree:
         if not paths:
             return
         patterns = ["/*", *("!/" + re.sub(r"([*?\[\]!#\\])", r"\\\1", p.strip("/")) for p in paths)]
-        repo = git.Repo(path)
+        repo = open_repo(path)
         try:
             repo.git.sparse_checkout("set", "--no-cone", *patterns)
         finally:

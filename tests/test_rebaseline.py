@@ -73,3 +73,26 @@ def test_bad_flags_are_named_as_flags(tmp_path):
     assert "config key" not in steps.output
     repeats = harness("ab", "--repo", repo, "--model-a", "a", "--model-b", "b", "--repeats", 0)
     assert repeats.exit_code == 2 and "--repeats" in repeats.output and "x>=1" in repeats.output
+
+
+def test_the_users_signing_and_hooks_do_not_run_on_the_harness_commits(tmp_path):
+    """commit.gpgsign with a gpg that fails, and a pre-commit hook that refuses every commit: the
+    user's own commits need them, the harness's never run them (gitgate.HARNESS_GIT_CONFIG)."""
+    repo = make_repo(tmp_path / "r")
+    hook = repo / ".git" / "hooks" / "pre-commit"
+    hook.write_text("#!/bin/sh\necho 'pre-commit: refused' >&2\nexit 1\n")
+    hook.chmod(0o755)
+    git(repo, "config", "commit.gpgsign", "true")
+    git(repo, "config", "gpg.program", "false")
+    (repo / "notes.txt").write_text("x\n")
+    git(repo, "add", "notes.txt")
+    refused = __import__("subprocess").run(["git", "-C", str(repo), "commit", "-qm", "notes"], capture_output=True,
+                                           text=True, timeout=60)
+    assert refused.returncode != 0  # the user's settings hold for the user's own commits
+    git(repo, "reset", "-q")
+    (repo / "notes.txt").unlink()
+    night = harness("run", "--repo", repo, "--tag", "s", "--agent", "mutate", "--iterations", 3, "--baseline-runs", 1)
+    assert night.exit_code == 0, night.output
+    rows = ledger.read_rows(repo / "runs" / "s" / "results.tsv")
+    assert len(rows) == 4 and all(r["status"] in ("keep", "discard") for r in rows), [r["description"] for r in rows]
+    assert git(repo, "rev-list", "--count", "refs/autoresearch/s/tried/0001") != ""  # the candidates were committed
