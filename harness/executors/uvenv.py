@@ -34,7 +34,7 @@ _LOCK = threading.Lock()  # two slots' first jobs would both build the environme
 
 @dataclass(frozen=True)
 class UvEnv:
-    venv: Path
+    venv: Path | None  # None: a script run with no project (uv's own pick of a Python)
     env: dict[str, str] = field(default_factory=dict)  # the job's variables
     readonly: tuple[Path, ...] = ()  # what the job must see to run it
 
@@ -108,6 +108,8 @@ def prepare(setup_command: str | None, worktree: Path, where: Path, wrapper, env
     The job's UV_CACHE_DIR is for the caller to set (its private /tmp)."""
     if shutil.which("uv") is None:
         return TrainResult("crash", reason=f"train_command runs uv, which is not installed: {INSTALL_HINT}")
+    if not (Path(worktree) / "pyproject.toml").is_file():  # a script, not a project: uv picks a Python
+        return UvEnv(None, {"UV_OFFLINE": "1", "UV_PYTHON_DOWNLOADS": "never"}, tuple(pythons(worktree, env)))
     venv = venv_path(where, worktree)
     root = venv.parent
     with _LOCK:

@@ -97,7 +97,8 @@ try:
                 else ["mount", "-t", "tmpfs", "none", str(wt)])
         out = subprocess.run(argv, capture_output=True, text=True)
         if out.returncode:
-            raise PermissionError(f"{' '.join(argv[:2])} failed ({out.stderr.strip()}); {caps}")
+            # the capabilities first: the row's description is cut, and the stderr names long paths
+            raise PermissionError(f"{caps}; {' '.join(argv[:2])} failed ({out.stderr.strip()})")
         ship((run / "run.json").read_bytes(), "uncovered")
 except SystemExit:
     raise
