@@ -109,8 +109,10 @@ def work(tmp_path):
 # worker (or again whenever the worker's next test is another module's): the cheat suite's runs,
 # the built wheel. The tests that start a Ray cluster share one worker too, one after another (a
 # head binds fixed ports besides its own, and two clusters at once would take both cores).
-# First match wins: test_cheats_ray is Ray's.
+# First match wins: test_cheats_ray is Ray's. Each other cheat module is a group of its own (its own
+# module-scoped runs), so two of them can run on the two workers at once.
 SERIAL_GROUPS = {"ray": ("test_ray", "test_cheats_ray"), "cheats": ("test_cheats",), "install": ("test_install",)}
+OWN_GROUP = ("test_cheats_",)  # within "cheats": the module's own name is its group
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks into node ids
@@ -118,5 +120,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         name = Path(str(item.fspath)).stem
         group = next((g for g, prefixes in SERIAL_GROUPS.items() if name.startswith(prefixes)), None)
+        if group == "cheats" and name.startswith(OWN_GROUP):
+            group = name
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
