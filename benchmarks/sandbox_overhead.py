@@ -29,7 +29,7 @@ from harness.config import resolve  # noqa: E402
 from harness.executors import sandbox  # noqa: E402
 from harness.gitgate import GitGate  # noqa: E402
 from harness.initrepo import init_example  # noqa: E402
-from harness.step import evaluate  # noqa: E402
+from harness.executors.evaluation import train  # noqa: E402
 
 
 def main() -> None:
@@ -57,7 +57,7 @@ def main() -> None:
         for k in range(args.repeats):
             for name, cfg in configs.items():
                 t0 = time.monotonic()
-                result = evaluate(cfg, cfg.worktree, cfg.logs_dir / f"bench-{k}.log", cfg.seed)
+                result = train(cfg, cfg.worktree, cfg.logs_dir / f"bench-{k}.log", cfg.seed)
                 times[name].append(time.monotonic() - t0)
                 if result.status != "ok":
                     raise SystemExit(f"{name} run {k} failed: {result.status} {result.reason}")
