@@ -392,3 +392,30 @@ def test_agent_sandbox_bwrap_refuses_to_start_without_bwrap(tmp_path, monkeypatc
         assert not (repo / "runs" / "b" / "results.tsv").exists()
     finally:
         sandbox.reset_cache()
+
+
+@needs_bwrap
+def test_a_night_whose_train_command_is_a_venv_outside_tmp(tmp_path):
+    """train_command names a venv's python outside /tmp (where a home folder would be: not in the
+    job's view unless the harness shows it); the night runs under the sandbox on that interpreter."""
+    from conftest import git, make_repo
+    root = Path(tempfile.mkdtemp(prefix="harness-venv-", dir="/var/tmp"))
+    try:
+        python = make_venv(root / "venv")
+        repo = make_repo(tmp_path / "r", sandbox="bwrap")
+        settings = (repo / "harness.toml").read_text().replace(f'train_command = "{sys.executable} train.py"',
+                                                               f'train_command = "{python} train.py"')
+        assert str(python) in settings
+        (repo / "harness.toml").write_text(settings)
+        (repo / "train.py").write_text("import sys\nVALUE = 1.0\nprint('---')\nprint(f'val_bpb: {VALUE}')\n"
+                                       "print(f'prefix: {sys.prefix}')\n")
+        git(repo, "commit", "-qam", "the venv's python")
+        result = harness(["run", "--repo", repo, "--tag", "v", "--agent", "mutate", "--iterations", 1,
+                          "--baseline-runs", 1])
+        assert result.exit_code == 0, result.output
+        rows = ledger.read_rows(repo / "runs" / "v" / "results.tsv")
+        assert rows[0]["status"] == "keep" and len(rows) == 2
+        log = (repo / "runs" / "v" / rows[0]["log"]).read_text()
+        assert f"prefix: {root / 'venv'}" in log  # that interpreter, not another one on PATH
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
