@@ -218,11 +218,11 @@ def test_karpathy_reader_agrees_with_status_json(tmp_path: Path, monkeypatch):
     ("--iterations", "0", "--iterations must be a positive number"),
     ("--max-cost", "-1", "--max-cost must be a positive amount"),
     ("--max-tokens", "0", "--max-tokens must be a positive number"),
-    ("--z", "0", "'z' must be a positive number"),
-    ("--confirm", "-1", "'confirm' must be an integer >= 0"),
-    ("--baseline-runs", "0", "'baseline_runs' must be an integer >= 1"),
-    ("--time-budget", "-5", "'time_budget' must be a positive number"),
-    ("--max-steps", "0", "'max_steps' must be a number of steps >= 1"),
+    ("--z", "0", "--z must be a positive number"),
+    ("--confirm", "-1", "--confirm must be an integer >= 0"),
+    ("--baseline-runs", "0", "--baseline-runs must be an integer >= 1"),
+    ("--time-budget", "-5", "--time-budget must be a positive number"),
+    ("--max-steps", "0", "--max-steps must be a number of steps >= 1"),
     ("--request-timeout", "0", "--request-timeout must be > 0"),
 ])
 def test_bad_limits_are_refused_before_anything_runs(repo: Path, flag: str, value: str, says: str):

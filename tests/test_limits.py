@@ -120,7 +120,7 @@ def test_unbounded_settings_and_the_machines_defaults(tmp_path):
     assert 0 < bounds.disk_mb <= limits.DISK_CAP_MB
     assert limits.defaults(tmp_path).memory_mb == limits.mem_total_mb() // 2
     assert limits.Cgroup.make(limits.Limits(memory_mb=0, pids=0)) is None
-    with pytest.raises(Exception, match="job_log_mb.*integer >= 1"):
+    with pytest.raises(Exception, match="--job-log-mb.*integer >= 1"):
         resolve(tmp_path / "r", "t", {"job_log_mb": 0})
 
 
@@ -244,5 +244,5 @@ def test_the_flags_reach_the_run_settings(tmp_path):
                            eval_kill_after=9.0)
     assert (cfg.job_memory_mb, cfg.job_pids, cfg.job_disk_mb, cfg.job_log_mb, cfg.eval_kill_after) == (
         512, 7, 0, 3, 9.0)
-    with pytest.raises(Exception, match="job_pids.*integer >= 0"):
+    with pytest.raises(Exception, match="--job-pids.*integer >= 0"):
         cli.build_config(repo, "t", job_pids=-1)

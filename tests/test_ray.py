@@ -118,7 +118,7 @@ def test_bad_job_resources_is_a_clear_error(tmp_path: Path):
     repo = make_repo(tmp_path / "research")
     result = harness("run", "--repo", str(repo), "--tag", "x", "--executor", "ray", "--job-resources", "GPU=1",
                      "--agent", "mutate", "--iterations", "1", expect=1)
-    assert "job_resources" in result.output and '{"GPU": 1}' in result.output
+    assert "--job-resources" in result.output and '{"GPU": 1}' in result.output
 
 
 SETUP = '''import sys

@@ -256,7 +256,7 @@ def test_a_hung_tracker_never_holds_the_run_up(tmp_path: Path):
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("wandb", "'track' must be one of mlflow"),
+    ("wandb", "--track must be one of mlflow"),
     ("mlflow:", "needs a URI after the colon"),
 ])
 def test_bad_track_settings_say_what_to_do(tmp_path: Path, spec: str, message: str):

@@ -54,6 +54,7 @@ class LocalExecutor(ThreadedExecutor):
         self.root = Path(root)
         self.free = [Slot(i, gpu, self.root / str(i)) for i, gpu in enumerate(gpus or (None,))]
         self.all = list(self.free)
+        self.gpus = {slot.gpu for slot in self.all if slot.gpu is not None}
         self.count = len(self.free)
         self._remove_leftovers()
         self.waiting: collections.deque[JobFuture] = collections.deque()
@@ -72,19 +73,28 @@ class LocalExecutor(ThreadedExecutor):
         self.waiting.append(future)
 
     def _take(self, future: JobFuture) -> Slot | None:
-        """Wait until future is first in line and a slot is free; None when it was cancelled."""
+        """Wait until a slot this job may use is free and no job before it waits for that slot;
+        None when it was cancelled. A job whose run names a GPU of this executor (an A/B arm
+        scheduled in parallel, `gpu` in its settings) runs on that GPU's slot only."""
         with self.cond:
             while True:
                 if future.job.cancel.is_set() or self.closed:
                     self.waiting.remove(future)
                     self.cond.notify_all()
                     return None
-                if self.free and self.waiting[0] is future:
-                    self.waiting.popleft()
+                slot = next((s for s in self.free if self._fits(future, s)), None)
+                ahead = self.waiting.index(future)
+                if slot is not None and not any(self._fits(f, slot) for f in list(self.waiting)[:ahead]):
+                    self.waiting.remove(future)
                     self.running.add(future)
+                    self.free.remove(slot)
                     self.cond.notify_all()
-                    return self.free.pop(0)
+                    return slot
                 self.cond.wait(0.2)
+
+    def _fits(self, future: JobFuture, slot: Slot) -> bool:
+        want = getattr(future.job.cfg, "gpu", None)
+        return want is None or want not in self.gpus or slot.gpu == want
 
     def _give(self, future: JobFuture, slot: Slot) -> None:
         with self.cond:
