@@ -139,12 +139,13 @@ def choose(cfg: RunConfig, where: Path) -> sandbox.Choice:
 def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
           cancel: threading.Event | None = None, gpu: str | None = None,
           job_env: dict[str, str] | None = None, baseline: str = "",
-          protected_sha256: dict[str, str] | None = None, allowance_s: float | None = None) -> TrainResult:
+          protected_sha256: dict[str, str] | None = None, allowance_s: float | None = None,
+          baseline_cpu_s: float | None = None) -> TrainResult:
     """Train the code in worktree once, sandboxed; the metric from the separate evaluation if any.
 
     gpu: the executor slot's GPU (CUDA_VISIBLE_DEVICES); job_env: more variables for the job
     (the tracker's HARNESS_RUN, HARNESS_ITERATION, HARNESS_COMMIT); baseline, protected_sha256,
-    allowance_s: the run's trusted baseline as the Job carries it (executors/base.py)."""
+    allowance_s, baseline_cpu_s: the run's trusted baseline as the Job carries it (executors/base.py)."""
     worktree = Path(worktree)
     base = baseline_commit(cfg, worktree, baseline, protected_sha256 or {})
     if isinstance(base, TrainResult):
@@ -200,7 +201,11 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
     elif result.status != "invalid":  # a bound the job ran into (limits.py) stays its verdict
         result = seal.judge(result, result_file, ch.key, cfg.metric, cfg.time_budget)
     result = guard.after_training(cfg.run_dir, worktree, cfg.protected, result)
-    result = within_budget(cfg, result, allowance_s)
+    judged = within_budget(cfg, result, allowance_s, baseline_cpu_s, has_gpu(extra.get("CUDA_VISIBLE_DEVICES")))
+    if judged.reason != result.reason:  # the whole verdict, figures included, where the row's cut one points
+        with open(log_path, "a", encoding="utf-8") as log:
+            log.write(f"\nharness: {judged.reason}\n")
+    result = judged
     if cfg.evaluate_command and result.status == "ok":
         result = evaluate(cfg, worktree, space, base, choice, result, log_path, cancel)
     shutil.rmtree(space.root, ignore_errors=True)  # the saved model can be large; the logs stay
@@ -240,14 +245,29 @@ def job_outcome(result: TrainResult, log_path: Path) -> TrainResult:
     return replace(result, status="ok", reason="")
 
 
-def within_budget(cfg: RunConfig, result: TrainResult, allowance_s: float | None) -> TrainResult:
-    """Judged by the start-up allowance the supervisor measured on the baseline (budget.py). A
-    baseline run (allowance None) is not judged: the supervisor calibrates on its result."""
+def within_budget(cfg: RunConfig, result: TrainResult, allowance_s: float | None, baseline_cpu_s: float | None = None,
+                  gpu: bool = False) -> TrainResult:
+    """Judged by the start-up allowance and CPU rate the supervisor measured on the baseline
+    (budget.py). A baseline run (allowance None) is not judged: the supervisor calibrates on its
+    result. A job let off for a busy machine keeps its reason, and the run's events say so."""
     if result.status != "ok" or allowance_s is None:
         return result
     reported = budget.reported_seconds(result.metrics)
-    verdict = budget.judge(result.train_s, cfg.time_budget, allowance_s, reported)
+    verdict = budget.judge(result.train_s, cfg.time_budget, allowance_s, reported, budget.Usage.of(result, gpu),
+                           baseline_cpu_s)
+    if verdict.ok and verdict.reason:
+        events.record(cfg.run_dir, "loaded_machine", verdict.reason)
+        return replace(result, reason=verdict.reason)
     return result if verdict.ok else replace(result, status="invalid", reason=verdict.reason)
+
+
+def has_gpu(visible: str | None) -> bool:
+    """Could the job use a GPU: an NVIDIA device node here and CUDA_VISIBLE_DEVICES (the slot's,
+    else inherited) not empty. Such a job's work is not CPU time (budget.py)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False
+    return any(Path("/dev").glob("nvidia[0-9]*"))
 
 
 # ---------------------------------------------------------------------------
