@@ -220,3 +220,17 @@ def test_demo_path_on_the_real_workload(tmp_path: Path, monkeypatch):
     assert [(r["description"], r["metric"], r["status"]) for r in one] == \
         [(r["description"], r["metric"], r["status"]) for r in two]
     assert git(dest, "status", "--porcelain") == ""
+    # scripts/gpu_check.sh's figures, from a run folder (here a CPU one): the job's own report block
+    summary = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu_check_summary.py"), str(dest / "runs/one")],
+                             capture_output=True, text=True, timeout=60)
+    assert summary.returncode == 0, summary.stderr
+    assert "device cpu" in summary.stdout and "status keep" in summary.stdout and "steps 5" in summary.stdout
+    assert "tokens/s" in summary.stdout and "CapEff 0000000000000000" in summary.stdout
+
+
+def test_gpu_check_says_what_is_missing_on_a_machine_without_a_gpu():
+    """scripts/gpu_check.sh is run later, where a GPU is lent; without one it says so and stops."""
+    if subprocess.run(["sh", "-c", "command -v nvidia-smi"], capture_output=True).returncode == 0:
+        pytest.skip("this machine has nvidia-smi: scripts/gpu_check.sh is run by hand here")
+    done = subprocess.run(["bash", str(ROOT / "scripts/gpu_check.sh")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "no nvidia-smi" in done.stderr
