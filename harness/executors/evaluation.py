@@ -33,9 +33,7 @@ from ..gitgate import Worktree
 from ..runner import RESULT_TAIL_BYTES, TrainResult, run_training, tail, training_env
 from . import budget, limits, sandbox, uvenv, view
 
-HARNESS_PACKAGE = Path(__file__).resolve().parent.parent
-DATA_CACHE = Path.home() / ".cache" / "autoresearch-harness"  # prepare.py's default HARNESS_CACHE_DIR
-# Caches that tools write under $HOME, sent to the private /tmp (the home is read-only in the sandbox).
+# Caches that tools write under $HOME, sent to the private /tmp (the home is not in the sandbox's view).
 SANDBOX_ENV = {"TMPDIR": "/tmp", "TRITON_HOME": "/tmp", "TRITON_CACHE_DIR": "/tmp/.triton",
                "TORCHINDUCTOR_CACHE_DIR": "/tmp/.inductor", "CUDA_CACHE_PATH": "/tmp/.nv", "MPLCONFIGDIR": "/tmp/.mpl"}
 SUMMARY_LINE_RE = re.compile(r"^\w+:\s*[-+0-9.eE]+$|^\w+:\s*(nan|inf)$", re.I)  # a `key: number` result line
@@ -67,10 +65,6 @@ def fresh_space(log_path: Path) -> Space:
     return space
 
 
-def data_cache() -> Path:
-    return Path(os.environ.get("HARNESS_CACHE_DIR") or DATA_CACHE)
-
-
 def state_dir(cfg: RunConfig, log_path: Path) -> Path:
     """The run folder, or (for `harness check`'s throwaway runs) the log's folder."""
     return cfg.run_dir if cfg.run_dir.exists() else log_path.parent
@@ -94,14 +88,13 @@ def baseline_commit(cfg: RunConfig, worktree: Path, baseline: str,
 
 
 def hidden_paths(cfg: RunConfig, worktree: Path, hide_data: bool) -> list[Path]:
-    """What a sandboxed job must not see: the run folders, git's objects, the harness itself and,
-    when the training split is exported for it, the data it was exported from."""
-    paths = [cfg.run_dir, cfg.repo / "runs", cfg.repo / ".git", HARNESS_PACKAGE]
+    """What a sandboxed job must not see even where a folder it is shown holds it: the run folders,
+    git's objects, the harness itself and, when the training split is exported for it, the data it
+    was exported from. (Host sockets under /run need no cover: the view never shows /run.)"""
+    paths = [cfg.run_dir, cfg.repo / "runs", cfg.repo / ".git", view.HARNESS_PACKAGE]
     if hide_data:
         data = [p for p in cfg.protected if not p.endswith(".py")]
-        paths += [root / p for root in (cfg.repo, Path(worktree)) for p in data] + [data_cache()]
-    if not cfg.network:
-        paths += [Path("/run"), Path("/var/run")]  # sockets of host services (a docker socket is root)
+        paths += [root / p for root in (cfg.repo, Path(worktree)) for p in data] + [view.data_cache()]
     return [p for p in paths if p.exists()]
 
 
@@ -308,8 +301,8 @@ def export_training_data(cfg: RunConfig, worktree: Path, where: Path, base: str,
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     log = where / "train-data" / "export.log"
-    wrap = wrapper(choice, worktree=work, tmp_dir=tmp, output_dir=dest, readonly=[data_cache()],
-                   hidden=[p for p in (cfg.run_dir, cfg.repo / ".git", HARNESS_PACKAGE) if p.exists()])
+    wrap = wrapper(choice, worktree=work, tmp_dir=tmp, output_dir=dest, readonly=[view.data_cache()],
+                   hidden=[p for p in (cfg.run_dir, cfg.repo / ".git", view.HARNESS_PACKAGE) if p.exists()])
     bounds = limits.of(cfg, where).watching(private_tmp=tmp)  # the split itself may be larger than a job's files
     done = run_training(cfg.train_data_command, work, harness_env({"HARNESS_OUTPUT_DIR": str(dest)}),
                         log, metric="-", kill_after_s=cfg.kill_after, wrap=wrap, cancel=cancel, limits=bounds)
@@ -329,10 +322,10 @@ def evaluate(cfg: RunConfig, worktree: Path, space: Space, base: str, choice: sa
     result_file = space.eval_out / "result.json"
     eval_log = log_path.with_suffix(".eval.log")
     env = harness_env({"HARNESS_OUTPUT_DIR": str(space.out), "HARNESS_RESULT_FILE": str(result_file)})
-    hidden = [p for p in (cfg.run_dir, cfg.repo / "runs", cfg.repo / ".git", HARNESS_PACKAGE, Path(worktree))
+    hidden = [p for p in (cfg.run_dir, cfg.repo / "runs", cfg.repo / ".git", view.HARNESS_PACKAGE, Path(worktree))
               if p.exists()]
     wrap = wrapper(choice, worktree=space.evaluator, tmp_dir=space.eval_tmp, output_dir=space.eval_out,
-                   readonly=[space.out, data_cache()], hidden=hidden, network=False)
+                   readonly=[space.out, view.data_cache()], hidden=hidden, network=False)
     where = state_dir(cfg, log_path)
     with Worktree(worktree) as wt:
         at_base = wt.head() == base
