@@ -1,6 +1,7 @@
 """The `harness` command as a user runs it: refusals, run, step, status, init, Ctrl-C."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -104,6 +105,47 @@ def slow_run(tmp_path: Path, tag: str, *args: str) -> tuple[Path, list[str], dic
         time.sleep(0.05)
     assert log.exists(), proc.communicate(timeout=10)
     return repo, cmd, env, proc
+
+
+def test_a_closed_terminal_ends_the_run_with_129_and_its_summary_in_a_file(tmp_path: Path):
+    """`harness run` in a real terminal (a pty, its controlling tty) that is closed while a candidate
+    trains, as a closed tmux pane or ssh session does: SIGHUP, then every print fails (EIO). The run
+    still ends as a stop does: exit 129 (128 + SIGHUP), the summary in runs/<tag>/summary.txt, the
+    candidate journalled for --resume, nothing left running."""
+    import fcntl
+    import termios
+    import threading
+    source = (ROOT / "tests/fake_train.py").read_text().replace("SLEEP_S = 0.0", "SLEEP_S = 2.0")
+    repo = make_repo(tmp_path / "r", train_source=source)
+    master, slave = os.openpty()
+
+    def controlling_tty():
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    cmd = [sys.executable, "-m", "harness", "run", "--repo", str(repo), "--tag", "h", "--agent", "mutate",
+           "--iterations", "3", "--baseline-runs", "1"]
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm"}, stdin=slave,
+                            stdout=slave, stderr=slave, preexec_fn=controlling_tty)
+    os.close(slave)
+    seen = bytearray()
+
+    def drain():  # a terminal someone reads, until it is closed
+        with contextlib.suppress(OSError):
+            while chunk := os.read(master, 65536):
+                seen.extend(chunk)
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    log = repo / "runs/h/logs/iter-0001.log"
+    deadline = time.monotonic() + 60
+    while not log.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert log.exists(), bytes(seen)[-2000:]
+    os.close(master)  # the terminal goes away
+    assert proc.wait(timeout=60) == 129, bytes(seen)[-2000:]
+    summary = (repo / "runs/h/summary.txt").read_text()
+    assert "SIGHUP" in summary and "best" in summary, summary
+    assert json.loads((repo / "runs/h/inflight-0a.json").read_text())["iteration"] == 1
+    assert subprocess.run(["pgrep", "-f", str(repo)], capture_output=True).stdout == b""
 
 
 def test_ctrl_c_during_training_then_resume(tmp_path: Path):
