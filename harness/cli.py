@@ -216,7 +216,20 @@ def finish_tracking() -> None:
                       f"`harness track {out.run_dir}` logs the missing ones")
 
 
-@click.group()
+class Group(click.Group):
+    """Ctrl-C outside a run's own handlers (reading the config, starting the researcher): one line
+    and exit 130, as a shell expects of an interrupted command, not click's "Aborted!" and 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            with hung_up_terminal():
+                err.print("interrupted (Ctrl-C)")
+            sys.exit(130)
+
+
+@click.group(cls=Group)
 @click.version_option(__version__, prog_name="harness")
 def main() -> None:
     """An unattended overnight autoresearch loop: one fresh researcher per iteration, the harness judges."""

@@ -148,6 +148,23 @@ def test_a_closed_terminal_ends_the_run_with_129_and_its_summary_in_a_file(tmp_p
     assert subprocess.run(["pgrep", "-f", str(repo)], capture_output=True).stdout == b""
 
 
+def test_ctrl_c_in_the_first_second_is_one_line_and_130(tmp_path: Path):
+    """A Ctrl-C before the run's own handlers exist (the CLI still importing, the config being read,
+    the baseline about to start) ends `harness run` with exit 130 and no traceback, wherever it lands."""
+    repo = make_repo(tmp_path / "r")
+    cmd = [sys.executable, "-m", "harness", "run", "--repo", str(repo), "--tag", "e", "--agent", "mutate",
+           "--iterations", "1", "--baseline-runs", "1"]
+    for delay in (0.0, 0.15, 0.4, 0.8):
+        proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        out, errtext = proc.communicate(timeout=60)
+        assert "Traceback" not in errtext and "Aborted!" not in errtext, (delay, errtext)
+        # -2: killed before the interpreter had its own handler (a shell shows 130 too); 0: it had finished
+        assert proc.returncode in (130, -signal.SIGINT, 0), (delay, proc.returncode, errtext)
+
+
 def test_ctrl_c_during_training_then_resume(tmp_path: Path):
     """A real SIGINT to a real `harness run` while a candidate trains: nothing lost, HEAD at best."""
     repo, cmd, env, proc = slow_run(tmp_path, "c", "--iterations", "3", "--baseline-runs", "1")
