@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from .. import events, guard, seal, trust
+from .. import disk, events, guard, seal, trust
 from ..config import RunConfig
 from ..gitgate import Worktree
 from ..runner import RESULT_TAIL_BYTES, TrainResult, run_training, tail, training_env
@@ -189,6 +189,10 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
                                                                     worktree=worktree))
     if choice.on:  # what the job wrote, where the legacy checks look
         copy_job_file(space.out / "result.json", result_file)
+    if result.status == "crash" and disk.job_hit_it(space.root):  # before its files go
+        shutil.rmtree(space.root, ignore_errors=True)
+        return replace(result, reason=f"{disk.REASON} ({disk.free_mb(log_path.parent)} MB free under "
+                                      f"{log_path.parent}) while it trained")
     if cfg.evaluate_command:
         result = job_outcome(result, log_path)
     elif result.status != "invalid":  # a bound the job ran into (limits.py) stays its verdict
