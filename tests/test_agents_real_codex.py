@@ -115,3 +115,35 @@ def test_check_names_the_class_of_each_codex_fault(repo: Path, rig: Rig, fault, 
     assert says in done.stderr and words in done.stderr, done.stderr[-2000:]
     assert rig.leftovers() == []
     rig.lookups()
+
+
+@pytest.mark.parametrize("sandbox", ["auto", "off"])
+def test_codex_with_its_home_under_tmp_still_makes_its_edit(repo: Path, rig: Rig, tmp_path: Path, sandbox: str):
+    # A user whose HOME lies under /tmp (a CI runner, a container): codex refuses to put its helper
+    # binaries there, and would claim an edit it never made. The harness gives it a home elsewhere.
+    home = tmp_path / "home"
+    home.mkdir()
+    rig.home = home
+    rig.server.script({"do": "edit", "input_tokens": 1500, "cached_tokens": 500, "output_tokens": 60})
+    done = rig.harness(*run_args(rig, repo, "rt", "--iterations", 1, "--agent-timeout", 60, "--agent-sandbox", sandbox))
+    assert done.returncode == 0, done.stderr[-3000:]
+    ledger = rows(repo, "rt")
+    assert [r["status"] for r in ledger] == ["keep", "keep"], ledger
+    assert "VALUE = 0.9" in git(repo, "show", "autoresearch/rt:train.py")
+    assert rig.leftovers() == []
+    rig.lookups()
+
+
+def test_codex_that_says_it_edited_but_changed_nothing_is_its_failure(repo: Path, rig: Rig):
+    # Its patch does not apply (codex's file_change item ends "failed"), yet its last message says
+    # it lowered the constant: a crash with codex's own words, not the researcher's choice of nothing.
+    rig.server.script({"do": "edit", "stale": True, "input_tokens": 1500, "cached_tokens": 0, "output_tokens": 60})
+    done = rig.harness(*run_args(rig, repo, "rs", "--iterations", 1, "--agent-timeout", 60))
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = rows(repo, "rs")[-1]
+    assert row["status"] == "crash", row
+    assert "codex changed nothing: apply_patch verification failed" in row["description"], row
+    assert "its last message: lower VALUE to 0.9" in row["description"], row
+    assert (row["input_tokens"], row["output_tokens"]) == (3000, 120)  # billed all the same
+    assert rig.leftovers() == []
+    rig.lookups()

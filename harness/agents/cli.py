@@ -7,8 +7,10 @@ cancellation, the log, and merging the process's failure with what the output sa
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -27,6 +29,18 @@ class CLIOutput:
     found: bool  # its structured output (events, a result object) was there at all
     retries: int = 0  # retries the CLI made itself (429s, 5xx, lost streams)
     problems: tuple[str, ...] = ()  # what was wrong in its report (base.reported_usage)
+    edit_failures: tuple[str, ...] = ()  # edits its own tools reported as failed (a patch, a write)
+
+
+def editable_digest(task: Task) -> str:
+    """A hash of the editable files' bytes (a missing one counts as missing), to tell a change."""
+    digest = hashlib.sha256()
+    for name in task.editable:
+        try:
+            digest.update(name.encode() + b"\0" + (Path(task.worktree) / name).read_bytes() + b"\0")
+        except OSError:
+            digest.update(name.encode() + b"\0-\0")
+    return digest.hexdigest()
 
 
 def url_host(url: str | None) -> str | None:
@@ -103,6 +117,10 @@ class CLIResearcher:
         """Variables to set for the CLI (its base URL); the rest of the environment passes through."""
         return {}
 
+    def call_environment(self, task: Task) -> dict[str, str]:
+        """environment() for one call (a backend that writes a settings file for it overrides this)."""
+        return self.environment()
+
     def parse(self, stdout: str, stderr: str = "") -> CLIOutput:
         raise NotImplementedError
 
@@ -138,9 +156,10 @@ class CLIResearcher:
                 "agent_args": list(self.agent_args), "cost_source": cost_source(self.model), **self.settings()}
 
     def propose(self, task: Task) -> Proposal:
-        extra = self.environment()
+        extra = self.call_environment(task)
         env = {**os.environ, **extra} if extra else None
         argv = self.argv(task)
+        before = editable_digest(task)
         jailed = sandboxed.confine(task.jail, argv, task.worktree, env, self.readonly(task),
                                    self.config_names, self.config_vars)
         try:
@@ -150,6 +169,12 @@ class CLIResearcher:
             jailed.close()
         out = self.parse(result.stdout, result.stderr)
         error, kind = merge_error(result, out, self.name, task.timeout_s)
+        if error is None and out.edit_failures and editable_digest(task) == before:
+            # It says what it did, but its own tool failed and nothing changed: its failure, not a
+            # choice to change nothing (codex whose sandbox could not write, an edit that did not apply).
+            error = (f"{self.name} changed nothing: {'; '.join(out.edit_failures)[:300]}; its last message: "
+                     f"{printable(out.description) or '(none)'}")
+            kind = "agent"
         usage = out.usage
         if usage is None:
             usage = Usage() if self.silent_is_free and not result.killed else Usage.unknown()

@@ -5,14 +5,25 @@ an approval (shell commands), as claude's acceptEdits does. The prompt comes on 
 `-p` text is appended to it). The JSON object it prints at the end carries the answer
 (`response`), an `error`, and per-model token counts (`stats.models.*.tokens`: prompt,
 cached, candidates, thoughts); a call that fails prints its error object on stderr instead,
-after the stack trace; its retries print `Attempt N failed with status S` on stderr.
-`--base-url` sets GOOGLE_GEMINI_BASE_URL; gemini 0.61 then
-wants `security.auth.selectedType = "gemini-api-key"` in ~/.gemini/settings.json, or it
-refuses with "Invalid auth method selected" (docs/researchers.md).
+after the stack trace; its retries print `Attempt N failed with status S. Retrying with
+backoff...` on stderr, or, for a 429 whose answer names a delay (`Please retry in 2s`, a
+RetryInfo), `Attempt N failed: MESSAGE. Retrying after Mms...`.
+
+`--base-url` sets GOOGLE_GEMINI_BASE_URL. gemini 0.61 then takes its auth type to be a
+"gateway" sign-in that its headless mode refuses ("Invalid auth method selected") unless the
+settings say `security.auth.selectedType = "gemini-api-key"`. The harness writes that into a
+settings file of its own for the call and names it with GEMINI_CLI_SYSTEM_SETTINGS_PATH (the
+system scope, which wins over the user's ~/.gemini/settings.json); the machine's own system
+settings, if any, are merged in, and its system defaults stay where they were. No user file is
+needed.
 """
 from __future__ import annotations
 
+import json
+import os
 import re
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from .base import KEY_VARS, Task, Usage, json_object, last_line
@@ -22,7 +33,14 @@ INSTALL_HINT = ("Install it with `npm install -g @google/gemini-cli`, then set G
                 "(or run `gemini` once and log in), or name it with --agent-executable.")
 APPROVAL_MODE = "auto_edit"
 PROMPT_FLAG_TEXT = "Follow the instructions above."  # -p wants a text; the program is on stdin
-ATTEMPT_RE = re.compile(r"^(Attempt \d+ failed with status \d+.*)$", re.M)
+# Both forms of its retry line: `... failed with status 429. Retrying with backoff...`, `... failed
+# with 429 error (no Retry-After header)...`, and a quota error's `... failed: MESSAGE. Retrying after 1234ms...`.
+ATTEMPT_RE = re.compile(r"^(Attempt \d+ failed(?: with status \d+| with \d{3} error|: .*Retrying after \d+ms).*)$",
+                        re.M)
+QUOTA_RETRY_RE = re.compile(r"^Attempt \d+ failed: .*Retrying after \d+ms")
+SYSTEM_SETTINGS = Path("/etc/gemini-cli/settings.json")  # gemini's own default on Linux
+SYSTEM_DEFAULTS = SYSTEM_SETTINGS.parent / "system-defaults.json"
+API_KEY_AUTH = "gemini-api-key"  # security.auth.selectedType for a key sent to --base-url
 
 
 def _result_object(text: str) -> dict[str, Any] | None:
@@ -70,7 +88,12 @@ def api_retries(stats: dict[str, Any]) -> int:
 def stderr_retries(stderr: str) -> tuple[int, str | None]:
     """gemini's `Attempt N failed with status S. Retrying...` lines: how many, and the last one."""
     attempts = ATTEMPT_RE.findall(stderr or "")
-    return len(attempts), (attempts[-1] if attempts else None)
+    if not attempts:
+        return 0, None
+    last = attempts[-1]
+    if QUOTA_RETRY_RE.match(last):  # only a 429/499/503 quota error is retried after a named delay
+        last = f"rate limited (429, quota), retrying: {last}"
+    return len(attempts), last
 
 
 def parse_gemini_output(text: str, stderr: str = "") -> CLIOutput:
@@ -103,6 +126,35 @@ class GeminiResearcher(CLIResearcher):
     def environment(self) -> dict[str, str]:
         return {"GOOGLE_GEMINI_BASE_URL": self.base_url} if self.base_url else {}
 
+    def call_environment(self, task: Task) -> dict[str, str]:
+        env = self.environment()
+        if self.base_url:
+            env.update(GEMINI_CLI_SYSTEM_SETTINGS_PATH=str(self.write_settings(task)),
+                       GEMINI_CLI_SYSTEM_DEFAULTS_PATH=os.environ.get("GEMINI_CLI_SYSTEM_DEFAULTS_PATH")
+                       or str(SYSTEM_DEFAULTS))  # else gemini looks for them next to our file
+        return env
+
+    def settings_path(self, task: Task) -> Path:
+        """Where this call's settings file goes: in the researcher's own home when it is sandboxed
+        (the run folder is out of its view), else beside the call's log."""
+        if task.jail is not None and task.jail.on:
+            return task.jail.home / ".harness" / "gemini-system-settings.json"
+        return task.log_path.parent / f"{task.log_path.stem}.gemini-settings.json"
+
+    def write_settings(self, task: Task) -> Path:
+        """The system settings (the user's or the machine's, if any) with the API-key auth type set."""
+        own = os.environ.get("GEMINI_CLI_SYSTEM_SETTINGS_PATH")
+        base = read_settings(Path(own) if own else SYSTEM_SETTINGS)
+        security = base.get("security") if isinstance(base.get("security"), dict) else {}
+        auth = security.get("auth") if isinstance(security.get("auth"), dict) else {}
+        base["security"] = {**security, "auth": {**auth, "selectedType": API_KEY_AUTH}}
+        path = self.settings_path(task)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+            json.dump(base, f)
+        os.replace(f.name, path)
+        return path
+
     def command(self, task: Task) -> list[str]:
         # --skip-trust: the run's fresh worktree is trusted for this call only; in a folder it does
         # not trust, gemini falls back to asking for every edit, which print mode cannot answer.
@@ -114,3 +166,12 @@ class GeminiResearcher(CLIResearcher):
 
     def parse(self, stdout: str, stderr: str = "") -> CLIOutput:
         return parse_gemini_output(stdout, stderr)
+
+
+def read_settings(path: Path) -> dict[str, Any]:
+    """A gemini settings file as a dict ({} when it is missing or not a JSON object)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
