@@ -37,8 +37,7 @@ HELP = {
     "not_logged_in": "the {agent} CLI is not logged in: run `{agent}` once and log in, or set its API key.",
     "rate_limit": "rate limited (429): wait and try again, or check the account's rate limits, plan "
                   "and credit.",
-    "timeout": "no answer within the time limit (--agent-timeout {timeout:g}s, --request-timeout): "
-               "is {where} reachable and the model this slow?",
+    "timeout": "no answer within the time limit ({timeout_flags}): is {where} reachable and the model this slow?",
     "connection": "cannot connect to {where}: check --base-url and that the server is running.",
     "server": "the server failed (5xx, overloaded or high demand): try again later, or another --base-url.",
     "bad_response": "the answer from {where} was not the API's format (empty, malformed or cut off): is "
@@ -90,13 +89,18 @@ def explain(proposal: Proposal, researcher, cfg: RunConfig) -> str:
     key_var = settings.get("key_var") or " or ".join(KEY_VARS.get(researcher.name, ("its API key",)))
     text = HELP.get(proposal.error_kind or "agent", HELP["agent"]).format(
         agent=researcher.name, model=researcher.model, where=where, key_var=key_var,
-        timeout=cfg.agent_timeout)
+        timeout_flags=timeout_flags(researcher.name, cfg.agent_timeout))
     if proposal.error_kind == "auth" and not settings.get("key_fingerprint"):
         text += f" (no {key_var} is set)"
-    if researcher.name == "gemini" and "invalid auth method" in (proposal.error or "").lower():
-        text += (' With --base-url, gemini needs security.auth.selectedType = "gemini-api-key" in '
-                 '~/.gemini/settings.json.')
+    if proposal.retries:
+        text += f" It failed after {proposal.retries} retr{'y' if proposal.retries == 1 else 'ies'} of its own."
     return f"{text}\n  {proposal.error}"
+
+
+def timeout_flags(backend: str, agent_timeout: float) -> str:
+    """The flags that bound a call of this backend: only openai reads --request-timeout."""
+    flags = f"--agent-timeout {agent_timeout:g}s"
+    return flags + ", --request-timeout" if backend == "openai" else flags
 
 
 def run_check(cfg: RunConfig, hours: float) -> CheckReport:

@@ -30,17 +30,24 @@ def _events(text: str) -> list[dict[str, Any]]:
 def result_usage(data: dict[str, Any], cost: float | None) -> Usage:
     """The result's tokens: `modelUsage` (every request of every model, the side requests that
     name the session included) when it is there, else `usage` (the main model's turns).
-    Input includes the cache reads and writes; cached = the cache reads."""
+    Input includes the cache reads and writes; cached = the cache reads; the cache writes are kept
+    apart for their price, the 1-hour ones by `usage.cache_creation.ephemeral_1h_input_tokens`
+    (modelUsage does not split them by lifetime)."""
+    u = data.get("usage") or {}
+    long_writes = int((u.get("cache_creation") or {}).get("ephemeral_1h_input_tokens") or 0)
     models = data.get("modelUsage")
     if isinstance(models, dict) and models:
         total = Usage(cost_usd=cost)
         for m in models.values():
             read, write = m.get("cacheReadInputTokens") or 0, m.get("cacheCreationInputTokens") or 0
-            total = total + Usage((m.get("inputTokens") or 0) + read + write, read, m.get("outputTokens") or 0)
-        return total
-    u = data.get("usage") or {}
-    read, write = u.get("cache_read_input_tokens") or 0, u.get("cache_creation_input_tokens") or 0
-    return Usage((u.get("input_tokens") or 0) + read + write, read, u.get("output_tokens") or 0, cost)
+            total = total + Usage((m.get("inputTokens") or 0) + read + write, read, m.get("outputTokens") or 0,
+                                  cache_write_tokens=write)
+    else:
+        read, write = u.get("cache_read_input_tokens") or 0, u.get("cache_creation_input_tokens") or 0
+        total = Usage((u.get("input_tokens") or 0) + read + write, read, u.get("output_tokens") or 0, cost,
+                      cache_write_tokens=write)
+    total.cache_write_1h_tokens = min(long_writes, total.cache_write_tokens)
+    return total
 
 
 def parse_claude_result(text: str) -> CLIOutput:

@@ -11,11 +11,12 @@ RetryInfo), `Attempt N failed: MESSAGE. Retrying after Mms...`.
 
 `--base-url` sets GOOGLE_GEMINI_BASE_URL. gemini 0.61 then takes its auth type to be a
 "gateway" sign-in that its headless mode refuses ("Invalid auth method selected") unless the
-settings say `security.auth.selectedType = "gemini-api-key"`. The harness writes that into a
-settings file of its own for the call and names it with GEMINI_CLI_SYSTEM_SETTINGS_PATH (the
-system scope, which wins over the user's ~/.gemini/settings.json); the machine's own system
-settings, if any, are merged in, and its system defaults stay where they were. No user file is
-needed.
+settings say `security.auth.selectedType = "gemini-api-key"`. The harness gives it a home of
+its own for the run (GEMINI_CLI_HOME, which gemini reads instead of HOME): its
+`.gemini/settings.json` is the user's, if any, with that auth type set, and the rest of the user's
+`~/.gemini` is linked in. No user file is needed, and the user's own is never written. (The
+system-settings path, GEMINI_CLI_SYSTEM_SETTINGS_PATH, would win over the user's file too, but gemini
+skips a system file that is not root's in root-owned folders.)
 """
 from __future__ import annotations
 
@@ -38,8 +39,6 @@ PROMPT_FLAG_TEXT = "Follow the instructions above."  # -p wants a text; the prog
 ATTEMPT_RE = re.compile(r"^(Attempt \d+ failed(?: with status \d+| with \d{3} error|: .*Retrying after \d+ms).*)$",
                         re.M)
 QUOTA_RETRY_RE = re.compile(r"^Attempt \d+ failed: .*Retrying after \d+ms")
-SYSTEM_SETTINGS = Path("/etc/gemini-cli/settings.json")  # gemini's own default on Linux
-SYSTEM_DEFAULTS = SYSTEM_SETTINGS.parent / "system-defaults.json"
 API_KEY_AUTH = "gemini-api-key"  # security.auth.selectedType for a key sent to --base-url
 
 
@@ -129,31 +128,36 @@ class GeminiResearcher(CLIResearcher):
     def call_environment(self, task: Task) -> dict[str, str]:
         env = self.environment()
         if self.base_url:
-            env.update(GEMINI_CLI_SYSTEM_SETTINGS_PATH=str(self.write_settings(task)),
-                       GEMINI_CLI_SYSTEM_DEFAULTS_PATH=os.environ.get("GEMINI_CLI_SYSTEM_DEFAULTS_PATH")
-                       or str(SYSTEM_DEFAULTS))  # else gemini looks for them next to our file
+            env["GEMINI_CLI_HOME"] = str(self.write_home(task))
         return env
 
-    def settings_path(self, task: Task) -> Path:
-        """Where this call's settings file goes: in the researcher's own home when it is sandboxed
-        (the run folder is out of its view), else beside the call's log."""
-        if task.jail is not None and task.jail.on:
-            return task.jail.home / ".harness" / "gemini-system-settings.json"
-        return task.log_path.parent / f"{task.log_path.stem}.gemini-settings.json"
+    def home_for(self, task: Task) -> Path:
+        """The per-run home gemini gets with --base-url: in the researcher's own home (in its view
+        when sandboxed), else beside the call's log."""
+        where = task.jail.home if task.jail is not None else task.log_path.parent
+        return Path(where) / "gemini-home"
 
-    def write_settings(self, task: Task) -> Path:
-        """The system settings (the user's or the machine's, if any) with the API-key auth type set."""
-        own = os.environ.get("GEMINI_CLI_SYSTEM_SETTINGS_PATH")
-        base = read_settings(Path(own) if own else SYSTEM_SETTINGS)
+    def write_home(self, task: Task) -> Path:
+        """GEMINI_CLI_HOME for one call: its .gemini/settings.json is the user's own with the API-key
+        auth type set; everything else of the user's ~/.gemini (login, trusted folders) is linked in."""
+        real = Path(os.environ.get("GEMINI_CLI_HOME") or Path.home()) / ".gemini"
+        home = self.home_for(task)
+        folder = home / ".gemini"
+        folder.mkdir(parents=True, exist_ok=True)
+        if real.is_dir() and real.resolve() != folder.resolve():
+            for entry in real.iterdir():
+                link = folder / entry.name
+                if entry.name != "settings.json" and (link.is_symlink() or not link.exists()):
+                    link.unlink(missing_ok=True)
+                    link.symlink_to(entry.resolve())
+        base = read_settings(real / "settings.json")
         security = base.get("security") if isinstance(base.get("security"), dict) else {}
         auth = security.get("auth") if isinstance(security.get("auth"), dict) else {}
         base["security"] = {**security, "auth": {**auth, "selectedType": API_KEY_AUTH}}
-        path = self.settings_path(task)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-            json.dump(base, f)
-        os.replace(f.name, path)
-        return path
+        with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as f:
+            json.dump(base, f, indent=2)
+        os.replace(f.name, folder / "settings.json")
+        return home
 
     def command(self, task: Task) -> list[str]:
         # --skip-trust: the run's fresh worktree is trusted for this call only; in a folder it does
