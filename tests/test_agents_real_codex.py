@@ -147,3 +147,28 @@ def test_codex_that_says_it_edited_but_changed_nothing_is_its_failure(repo: Path
     assert (row["input_tokens"], row["output_tokens"]) == (3000, 120)  # billed all the same
     assert rig.leftovers() == []
     rig.lookups()
+
+
+def test_a_killed_call_never_hides_the_known_cost(repo: Path, rig: Rig):
+    # gpt-5.4 is priced; one call is killed at the timeout before codex reported its usage. The run's
+    # cost is the other call's, at least: the summary, `harness status` and the report all say so.
+    rig.server.script({"do": "edit", "input_tokens": 1500, "cached_tokens": 500, "output_tokens": 60},
+                      {"do": "hang", "call": True})
+    args = run_args(rig, repo, "rk", "--iterations", 2, "--agent-timeout", 8, "--on-unhealthy", "continue")
+    args[args.index("--model") + 1] = "gpt-5.4"
+    done = rig.harness(*args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ledger = rows(repo, "rk")
+    assert [r["status"] for r in ledger] == ["keep", "keep", "crash"]
+    # 2000 uncached input at $2.50, 1000 cached at $0.25, 120 output at $15 per 1M tokens.
+    known = (2000 * 2.50 + 1000 * 0.25 + 120 * 15.00) / 1e6
+    assert ledger[1]["cost_usd"] == pytest.approx(known) and ledger[2]["cost_usd"] is None
+    says = f"at least ${known:.4f}; 1 call with unknown usage"
+    assert f"cost {says}" in done.stderr, done.stderr[-1500:]
+    assert "no price" not in done.stderr
+    status = rig.harness("status", "rk", "--repo", repo, "--width", "200")
+    assert says in status.stdout, status.stdout
+    assert rig.harness("report", repo / "runs" / "rk").returncode == 0
+    assert f"| cost | {says} |" in (repo / "runs" / "rk" / "report.md").read_text()
+    assert rig.leftovers() == []
+    rig.lookups()
