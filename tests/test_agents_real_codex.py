@@ -172,3 +172,17 @@ def test_a_killed_call_never_hides_the_known_cost(repo: Path, rig: Rig):
     assert f"| cost | {says} |" in (repo / "runs" / "rk" / "report.md").read_text()
     assert rig.leftovers() == []
     rig.lookups()
+
+
+def test_step_takes_the_runs_options(repo: Path, rig: Rig):
+    # `harness step` is one iteration of the same run: the options the run was started with work here.
+    rig.server.script({"do": "edit", "input_tokens": 1500, "cached_tokens": 500, "output_tokens": 60},
+                      {"do": "edit", "input_tokens": 1500, "cached_tokens": 500, "output_tokens": 60})
+    for _ in range(2):
+        args = run_args(rig, repo, "st", "--agent-timeout", 60, "--on-unhealthy", "continue")
+        done = rig.harness("step", *args[1:])
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert [r["status"] for r in rows(repo, "st")] == ["keep", "keep", "keep"]
+    assert "VALUE = 0.8" in git(repo, "show", "autoresearch/st:train.py")
+    assert rig.leftovers() == []
+    rig.lookups()

@@ -204,3 +204,9 @@ def test_demo_path_on_the_real_workload(tmp_path: Path, monkeypatch):
     assert [(r["description"], r["metric"], r["status"]) for r in one] == \
         [(r["description"], r["metric"], r["status"]) for r in two]
     assert git(dest, "status", "--porcelain") == ""
+
+
+def test_step_declares_every_option_of_run_but_the_runs_length():
+    from harness.cli import run, step
+    names = lambda command: {opt for p in command.params for opt in p.opts + p.secondary_opts}  # noqa: E731
+    assert names(run) - names(step) == {"--hours", "--iterations"}
