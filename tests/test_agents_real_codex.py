@@ -186,3 +186,31 @@ def test_step_takes_the_runs_options(repo: Path, rig: Rig):
     assert "VALUE = 0.8" in git(repo, "show", "autoresearch/st:train.py")
     assert rig.leftovers() == []
     rig.lookups()
+
+
+def test_a_cli_upgraded_between_run_and_resume_is_noticed(repo: Path, rig: Rig, tmp_path: Path):
+    # The real codex behind a launcher whose --version answers from a file: an upgrade in between.
+    version = tmp_path / "version"
+    version.write_text("codex-cli 0.171.0\n")
+    launcher = tmp_path / "bin" / "codex"
+    launcher.parent.mkdir()
+    launcher.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then cat {version}; exit 0; fi\n'
+                        f'exec {rig.executable} "$@"\n')
+    launcher.chmod(0o755)
+    rig.executable = launcher
+    rig.server.script(*[{"do": "edit", "input_tokens": 1500, "cached_tokens": 500, "output_tokens": 60}] * 2)
+    args = run_args(rig, repo, "rv", "--agent-timeout", 60, "--agent-sandbox", "off")
+    assert rig.harness(*args, "--iterations", 1).returncode == 0
+    manifest = json.loads((repo / "runs" / "rv" / "run.json").read_text())["researcher"]
+    assert manifest["cli_version"] == "codex-cli 0.171.0"
+    version.write_text("codex-cli 0.172.0\n")
+    refused = rig.harness(*args, "--iterations", 2, "--resume")
+    assert refused.returncode != 0
+    assert "cli version 'codex-cli 0.171.0' -> 'codex-cli 0.172.0'" in refused.stderr, refused.stderr[-1500:]
+    assert "--force" in refused.stderr
+    forced = rig.harness(*args, "--iterations", 2, "--resume", "--force")
+    assert forced.returncode == 0, forced.stderr[-2000:]
+    assert [r["status"] for r in rows(repo, "rv")] == ["keep", "keep", "keep"]
+    assert "codex-cli 0.172.0" in (repo / "runs" / "rv" / "events.log").read_text()
+    assert rig.leftovers() == []
+    rig.lookups()

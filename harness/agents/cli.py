@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,29 @@ def editable_digest(task: Task) -> str:
         except OSError:
             digest.update(name.encode() + b"\0-\0")
     return digest.hexdigest()
+
+
+VERSION_TIMEOUT_S = 60.0  # s for `CLI --version` (gemini's node start takes seconds on a busy machine)
+_versions: dict[tuple[str, int, int], str | None] = {}
+
+
+def cli_version(executable: str, env: dict[str, str] | None = None) -> str | None:
+    """The first line `executable --version` prints (`codex-cli 0.171.0`, `2.1.197 (Claude Code)`,
+    `0.61.0`), once per installed file; None when it prints nothing or fails."""
+    try:
+        st = os.stat(executable)
+    except OSError:
+        return None
+    key = (os.path.realpath(executable), st.st_mtime_ns, st.st_size)
+    if key not in _versions:
+        try:
+            done = subprocess.run([executable, "--version"], capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                                  timeout=VERSION_TIMEOUT_S, env=env, start_new_session=True)
+            lines = [line.strip() for line in (done.stdout or "").splitlines() if line.strip()]
+            _versions[key] = lines[0][:100] if done.returncode == 0 and lines else None
+        except (OSError, subprocess.SubprocessError):
+            _versions[key] = None
+    return _versions[key]
 
 
 def url_host(url: str | None) -> str | None:
@@ -153,7 +177,8 @@ class CLIResearcher:
                 "provider": self.provider_name(), "base_url": self.base_url,
                 "base_url_host": url_host(self.base_url), "key_var": var,
                 "key_fingerprint": key_fingerprint(os.environ.get(var)) if var else None,
-                "agent_args": list(self.agent_args), "cost_source": cost_source(self.model), **self.settings()}
+                "agent_args": list(self.agent_args), "cost_source": cost_source(self.model),
+                "cli_version": cli_version(self.executable), **self.settings()}
 
     def propose(self, task: Task) -> Proposal:
         extra = self.call_environment(task)
