@@ -262,7 +262,12 @@ def check(repo, tag, resume, hours, **flags):
     from . import check as check_mod
     cfg = build_config(repo, tag or "check", **flags)
     say(f"checking {cfg.agent} {cfg.model or ''}: one researcher call, then one baseline run ...")
-    click.echo(check_mod.render(check_mod.run_check(cfg, hours)))
+    try:  # each stage's lines as soon as it passed: a later failure does not hide them
+        report = check_mod.run_check(cfg, hours, progress=click.echo)
+    except driver.Interrupted as stop:
+        say((f"check stopped by {stop.why}", "yellow"), ": nothing it started is left running")
+        sys.exit(128 + stop.signum)
+    click.echo(check_mod.render_training(report))
 
 
 @main.command()

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -113,6 +115,7 @@ def test_check_names_the_class_of_each_codex_fault(repo: Path, rig: Rig, fault, 
                        "--base-url", rig.server.url("/v1"), "--agent-executable", rig.executable, *FEW_RETRIES)
     assert done.returncode == 1
     assert says in done.stderr and words in done.stderr, done.stderr[-2000:]
+    assert "--request-timeout" not in done.stderr  # an openai flag: codex does not read it
     assert rig.leftovers() == []
     rig.lookups()
 
@@ -213,4 +216,55 @@ def test_a_cli_upgraded_between_run_and_resume_is_noticed(repo: Path, rig: Rig, 
     assert [r["status"] for r in rows(repo, "rv")] == ["keep", "keep", "keep"]
     assert "codex-cli 0.172.0" in (repo / "runs" / "rv" / "events.log").read_text()
     assert rig.leftovers() == []
+    rig.lookups()
+
+
+def check_args(rig: Rig, repo: Path, *extra) -> list:
+    return ["check", "--repo", repo, "--agent", "codex", "--model", "test-model", "--base-url", rig.server.url("/v1"),
+            "--agent-executable", rig.executable, *extra]
+
+
+def test_two_checks_at_once_in_one_repo(repo: Path, rig: Rig):
+    # Each check has a temporary folder of its own: neither removes the other's worktree or home.
+    first, second = (rig.start_harness(*check_args(rig, repo, "--agent-timeout", 60)) for _ in range(2))
+    outs = [proc.communicate(timeout=180) for proc in (first, second)]
+    for proc, (out, err) in zip((first, second), outs):
+        assert proc.returncode == 0, err[-3000:]
+        assert "edit      train.py: lower VALUE to 0.9" in out and "training " in out, out
+    assert git(repo, "worktree", "list").count("\n") == 0  # only the repo's own
+    assert not (repo / "runs").exists()
+    assert git(repo, "status", "--porcelain") == ""
+    assert rig.leftovers() == []
+    rig.lookups()
+
+
+def test_sigterm_to_check_during_a_call_leaves_nothing(repo: Path, rig: Rig):
+    rig.server.script({"do": "hang", "call": True})
+    proc = rig.start_harness(*check_args(rig, repo, "--agent-timeout", 120))
+    deadline = time.monotonic() + 60
+    while not any(r["behaviour"] == "hang" for r in rig.server.requests()):  # codex is waiting on us
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    assert rig.leftovers(), "codex should be running now"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "check stopped by SIGTERM" in err
+    assert rig.leftovers() == []  # codex, its group and anything it started: gone
+    assert git(repo, "worktree", "list").count("\n") == 0 and not (repo / "runs").exists()
+    rig.lookups()
+
+
+def test_check_prints_the_researchers_result_when_training_fails(tmp_path: Path, rig: Rig):
+    repo = make_repo(tmp_path / "broken", train_source="VALUE = 1.0\nraise SystemExit('the baseline is broken')\n",
+                     agent_sandbox="auto")
+    rig.server.script({"do": "edit", "input_tokens": 1500, "cached_tokens": 500, "output_tokens": 60})
+    done = rig.harness(*check_args(rig, repo, "--agent-timeout", 60))
+    assert done.returncode == 1
+    assert "the baseline training run failed" in done.stderr, done.stderr[-2000:]
+    # The researcher's stage passed, and says so although the training failed after it.
+    assert "researcher  codex test-model" in done.stdout and "(codex-cli 0.171.0)" in done.stdout, done.stdout
+    assert "tokens    input 3000 (cached 1000), output 120 per call" in done.stdout
+    assert "edit      train.py: lower VALUE to 0.9" in done.stdout
+    assert not (repo / "runs").exists()
     rig.lookups()
