@@ -128,3 +128,17 @@ def test_claude_cache_writes_are_priced_as_billed(repo: Path, rig: Rig):
     events = repo / "runs" / "rw" / "events.log"
     assert "cost_differs" not in (events.read_text() if events.exists() else "")  # nothing to tell apart
     rig.lookups()
+
+
+def test_claude_that_says_it_edited_but_changed_nothing_is_its_failure(repo: Path, rig: Rig):
+    # Its Edit's old text is not in train.py (the tool answers with an error), yet its answer says it
+    # lowered the constant: a crash with claude's own words, not the researcher's choice of nothing.
+    rig.server.script({"do": "edit", "stale": True, "input_tokens": 1000, "cached_tokens": 0, "output_tokens": 10})
+    done = rig.harness(*run_args(rig, repo, "rs", "--iterations", 1, "--agent-timeout", 60))
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = rows(repo, "rs")[-1]
+    assert row["status"] == "crash", row
+    assert "claude changed nothing: its Edit of train.py failed" in row["description"], row
+    assert "its last message: lower VALUE to 0.9" in row["description"], row
+    assert rig.leftovers() == []
+    rig.lookups()

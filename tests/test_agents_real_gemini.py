@@ -134,3 +134,17 @@ def test_check_names_the_class_of_each_gemini_fault(repo: Path, rig: Rig, fault,
         assert re.search(r"after [1-9]\d* retr", done.stderr), done.stderr[-2000:]
     assert rig.leftovers() == []
     rig.lookups()
+
+
+def test_gemini_that_says_it_edited_but_changed_nothing_is_its_failure(repo: Path, rig: Rig):
+    # Its replace's old text is not in train.py (the tool fails), yet its answer says it lowered the
+    # constant: a crash with gemini's own words, not the researcher's choice of nothing.
+    rig.server.script({"do": "edit", "stale": True, "input_tokens": 1000, "cached_tokens": 0, "output_tokens": 10})
+    done = rig.harness(*run_args(rig, repo, "rs", "--iterations", 1, "--agent-timeout", 60))
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = rows(repo, "rs")[-1]
+    assert row["status"] == "crash", row
+    assert "gemini changed nothing: its replace" in row["description"], row
+    assert "its last message: lower VALUE to 0.9" in row["description"], row
+    assert rig.leftovers() == []
+    rig.lookups()

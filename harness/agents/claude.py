@@ -9,6 +9,8 @@ storm shows in the agent log and in `retries`. A not-logged-in answer still says
 """
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 from .base import KEY_VARS, Task, Usage, json_object, last_line, reported_number
@@ -50,6 +52,31 @@ def result_usage(data: dict[str, Any], cost: float | None) -> Usage:
     return total
 
 
+EDIT_TOOLS = ("Edit", "MultiEdit", "Write", "NotebookEdit")
+
+
+def edit_failures(events: list[dict[str, Any]]) -> list[str]:
+    """Its edit tools' calls that answered with an error (`tool_result` with `is_error`): an edit it
+    tried and did not make ("String to replace not found"), whatever its answer says afterwards."""
+    calls: dict[str, tuple[str, str]] = {}
+    failed = []
+    for event in events:
+        content = (event.get("message") or {}).get("content")
+        for block in content if isinstance(content, list) else []:
+            if not isinstance(block, dict):
+                continue
+            if block.get("type") == "tool_use" and block.get("name") in EDIT_TOOLS:
+                path = str((block.get("input") or {}).get("file_path") or "a file")
+                calls[str(block.get("id"))] = (str(block["name"]), path.rsplit("/", 1)[-1])
+            elif block.get("type") == "tool_result" and block.get("is_error") and str(block.get("tool_use_id")) in calls:
+                name, path = calls[str(block.get("tool_use_id"))]
+                said = block.get("content")
+                said = said if isinstance(said, str) else json.dumps(said)
+                said = re.sub(r"</?tool_use_error>", "", said).strip().splitlines()
+                failed.append(f"its {name} of {path} failed" + (f" ({said[0][:120]})" if said else ""))
+    return failed
+
+
 def parse_claude_result(text: str) -> CLIOutput:
     """Read claude's output: `stream-json` lines or one `json` result object."""
     events = _events(text)
@@ -67,7 +94,8 @@ def parse_claude_result(text: str) -> CLIOutput:
     error = None
     if data.get("is_error") or data.get("subtype") not in (None, "success"):
         error = (result.strip() or str(data.get("subtype") or "error"))[:500]
-    return CLIOutput(usage, "" if error else last_line(result), error, True, retries)
+    return CLIOutput(usage, "" if error else last_line(result), error, True, retries,
+                     edit_failures=tuple(edit_failures(events)))
 
 
 class ClaudeResearcher(CLIResearcher):

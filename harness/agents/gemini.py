@@ -95,6 +95,23 @@ def stderr_retries(stderr: str) -> tuple[int, str | None]:
     return len(attempts), last
 
 
+EDIT_TOOLS = ("replace", "write_file", "edit")
+TOOL_ERROR_RE = re.compile(r"^Error executing tool (\w+): (.*)$", re.M)
+
+
+def edit_failures(stats: dict[str, Any], stderr: str) -> list[str]:
+    """Its edit tools' failed calls (`stats.tools.byName.<tool>.fail`), with their words from stderr."""
+    said = {name: text for name, text in TOOL_ERROR_RE.findall(stderr or "")}
+    by_name = ((stats or {}).get("tools") or {}).get("byName") or {}
+    failed = []
+    for name in EDIT_TOOLS:
+        count = int(((by_name.get(name) or {}).get("fail")) or 0)
+        if count:
+            words = " ".join(said.get(name, "").split())
+            failed.append(f"its {name} failed {count}x" + (f" ({words[:160]})" if words else ""))
+    return failed
+
+
 def parse_gemini_output(text: str, stderr: str = "") -> CLIOutput:
     retried, last = stderr_retries(stderr)
     data = _result_object(text.strip()) or _last_object((stderr or "").strip())
@@ -108,7 +125,8 @@ def parse_gemini_output(text: str, stderr: str = "") -> CLIOutput:
         error = error.get("message") or error.get("type") or "error"
     response = data.get("response") if isinstance(data.get("response"), str) else ""
     return CLIOutput(gemini_usage(stats), "" if error else last_line(response),
-                     str(error)[:500] if error else None, True, max(api_retries(stats), retried))
+                     str(error)[:500] if error else None, True, max(api_retries(stats), retried),
+                     edit_failures=tuple(edit_failures(stats, stderr)))
 
 
 class GeminiResearcher(CLIResearcher):
