@@ -83,8 +83,8 @@ def parse_codex_events(text: str, stderr: str = "") -> CLIOutput:
 # ---------------------------------------------------------------------------
 # Where codex keeps its home. Under the temporary folder (/tmp, $TMPDIR) it "refuses to create helper
 # binaries", and then its workspace-write sandbox cannot write a file: its patch fails, yet it says
-# it made the change. A home there (a HOME under /tmp, as on CI runners) is moved to OUTSIDE_TMP,
-# with the user's login and settings linked in.
+# it made the change. The default home there (a HOME under /tmp, as on CI runners) is moved to
+# OUTSIDE_TMP, with the user's login and settings linked in.
 
 OUTSIDE_TMP = Path("/var/tmp")  # kept across reboots, not the temporary folder codex refuses
 LINKED = ("auth.json", "config.toml")  # the login and the settings of the user's own codex home
@@ -103,9 +103,15 @@ def under_temp(path: Path) -> bool:
 
 
 def codex_home() -> Path:
-    """CODEX_HOME (default ~/.codex), made if missing (codex stops when it does not exist); one
-    under the temporary folder is replaced by a folder of the user's under /var/tmp."""
-    home = Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex").expanduser()
+    """Where codex keeps its home: CODEX_HOME as you set it, else ~/.codex, made if missing (codex
+    stops when the folder it names does not exist). A default one under the temporary folder is
+    replaced by a folder of the user's under /var/tmp with the login and settings linked in; a
+    CODEX_HOME you named is yours (a failed edit there is still reported as codex's failure)."""
+    if os.environ.get("CODEX_HOME"):
+        home = Path(os.environ["CODEX_HOME"]).expanduser()
+        home.mkdir(parents=True, exist_ok=True)
+        return home
+    home = Path.home() / ".codex"
     if under_temp(home):
         own = OUTSIDE_TMP / f"autoresearch-harness-{os.getuid()}" / "codex-home"
         if under_temp(own):
