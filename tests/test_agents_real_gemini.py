@@ -46,6 +46,8 @@ def test_gemini_edits_are_committed_with_the_servers_tokens(repo: Path, rig: Rig
     assert sum(r["input_tokens"] for r in ledger[1:]) == rig.server.reported()["input_tokens"]
     manifest = json.loads((repo / "runs" / "rg" / "run.json").read_text())["researcher"]
     assert (manifest["provider"], manifest["key_var"]) == ("gemini", "GEMINI_API_KEY")
+    # No price for test-model, and gemini reports no cost of its own: unknown, not "researcher".
+    assert manifest["cost_source"] == "unknown" and ledger[1]["cost_usd"] is None
     assert manifest["base_url_host"] == f"127.0.0.1:{rig.server.port}"
     assert rig.key not in (repo / "runs" / "rg" / "run.json").read_text()
     assert rig.leftovers() == []

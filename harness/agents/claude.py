@@ -106,6 +106,7 @@ class ClaudeResearcher(CLIResearcher):
     install_hint = INSTALL_HINT
     key_vars = KEY_VARS["claude"]
     provider = "anthropic"
+    reports_cost = True  # total_cost_usd
 
     def settings(self) -> dict[str, Any]:
         return {"permission_mode": PERMISSION_MODE}

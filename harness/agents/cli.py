@@ -76,9 +76,12 @@ def url_host(url: str | None) -> str | None:
     return f"{host}:{parts.port}" if parts.port else host or None
 
 
-def cost_source(model: str | None) -> str:
-    """Where this researcher's costs come from (pricing.call_cost): for the manifest and the report."""
-    return "table" if pricing.price(model) is not None else "researcher"
+def cost_source(model: str | None, reports_cost: bool = True) -> str:
+    """Where this researcher's costs come from (pricing.call_cost): for the manifest and the report.
+    A researcher that reports no cost of its own (codex, gemini, openai) and a model without a price: unknown."""
+    if pricing.price(model) is not None:
+        return "table"
+    return "researcher" if reports_cost else "unknown"
 
 
 def merge_error(result: ProcessResult, out: CLIOutput, name: str, timeout_s: float) -> tuple[str | None, str | None]:
@@ -117,6 +120,7 @@ class CLIResearcher:
     key_vars: tuple[str, ...] = ()  # the variables that may hold its key, in the order looked up
     provider = ""  # where it goes without --base-url
     silent_is_free = False  # a call that exits normally without reporting usage cost nothing
+    reports_cost = False  # it prints a cost of its own (claude's total_cost_usd, a cmd: JSON line)
     config_names: tuple[str, ...] = ()  # its settings in the user's home, bound into its sandbox
     config_vars: tuple[str, ...] = ()  # variables that point it at its settings elsewhere
 
@@ -177,7 +181,7 @@ class CLIResearcher:
                 "provider": self.provider_name(), "base_url": self.base_url,
                 "base_url_host": url_host(self.base_url), "key_var": var,
                 "key_fingerprint": key_fingerprint(os.environ.get(var)) if var else None,
-                "agent_args": list(self.agent_args), "cost_source": cost_source(self.model),
+                "agent_args": list(self.agent_args), "cost_source": cost_source(self.model, self.reports_cost),
                 "cli_version": cli_version(self.executable), **self.settings()}
 
     def propose(self, task: Task) -> Proposal:
