@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,14 +34,29 @@ class CLIOutput:
     edit_failures: tuple[str, ...] = ()  # edits its own tools reported as failed (a patch, a write)
 
 
+DIGEST_MAX_BYTES = 16 * 2**20  # an editable file larger than this is compared by its size and mtime
+
+
 def editable_digest(task: Task) -> str:
-    """A hash of the editable files' bytes (a missing one counts as missing), to tell a change."""
+    """A hash of the editable files as they are, to tell whether a call changed any. Never follows a
+    link the researcher may have planted (to /dev/zero, a secret) and never reads without bound."""
     digest = hashlib.sha256()
     for name in task.editable:
+        path = Path(task.worktree) / name
+        digest.update(name.encode() + b"\0")
         try:
-            digest.update(name.encode() + b"\0" + (Path(task.worktree) / name).read_bytes() + b"\0")
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode):
+                digest.update(f"{st.st_mode}:{os.readlink(path) if stat.S_ISLNK(st.st_mode) else ''}".encode())
+            elif st.st_size > DIGEST_MAX_BYTES:
+                digest.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
+            else:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+                with os.fdopen(fd, "rb") as f:
+                    digest.update(f.read(DIGEST_MAX_BYTES + 1))
         except OSError:
-            digest.update(name.encode() + b"\0-\0")
+            digest.update(b"-")
+        digest.update(b"\0")
     return digest.hexdigest()
 
 
@@ -198,7 +214,7 @@ class CLIResearcher:
             jailed.close()
         out = self.parse(result.stdout, result.stderr)
         error, kind = merge_error(result, out, self.name, task.timeout_s)
-        if error is None and out.edit_failures and editable_digest(task) == before:
+        if error is None and out.edit_failures and editable_digest(task) == before:  # read again only then
             # It says what it did, but its own tool failed and nothing changed: its failure, not a
             # choice to change nothing (codex whose sandbox could not write, an edit that did not apply).
             error = (f"{self.name} changed nothing: {'; '.join(out.edit_failures)[:300]}; its last message: "
