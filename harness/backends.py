@@ -16,15 +16,17 @@ from .errors import ConfigError
 HOW_TO_ENABLE = {
     "codex": "install the codex CLI (npm install -g @openai/codex) and log in",
     "claude": "install the claude CLI (npm install -g @anthropic-ai/claude-code) and log in",
+    "gemini": "install the gemini CLI (npm install -g @google/gemini-cli) and set GEMINI_API_KEY or log in",
     "openai": "set OPENAI_API_KEY (or pass --base-url for a local server)",
 }
 
 
 def usable(backend: str, options: dict[str, Any] | None = None,
            which: Callable[[str], str | None] = shutil.which) -> bool:
-    """Can this backend run here: its CLI on PATH, or an API key / base URL for openai."""
-    if backend in ("codex", "claude"):
-        return which(backend) is not None
+    """Can this backend run here: its CLI on PATH (or --agent-executable), or an API key / base URL for openai."""
+    if backend in ("codex", "claude", "gemini"):
+        executable = (options or {}).get("executable")
+        return which(executable or backend) is not None
     if backend == "openai":
         return bool(os.environ.get("OPENAI_API_KEY") or (options or {}).get("base_url"))
     return False
@@ -47,7 +49,7 @@ def pick(agent: str | None, model: str | None, options: dict[str, Any] | None = 
         return agent, None
     if not served:
         raise ConfigError(f"{flag} {model}: models.toml does not say which researcher serves {resolved}. "
-                          f"Pass --agent openai, codex, claude or cmd:TEMPLATE (or add it to [backends] "
+                          f"Pass --agent openai, codex, claude, gemini or cmd:TEMPLATE (or add it to [backends] "
                           f"in a --prices file).")
     for backend in served:
         if usable(backend, options):

@@ -123,6 +123,20 @@ def run_options(fn):
     return fn
 
 
+def iteration_options(fn):
+    """The run's own options besides run_options that an iteration also uses: `run` and `step`
+    (one iteration of the same run) take both lists; only --hours and --iterations are run's alone."""
+    opts = [
+        click.option("--pipeline/--no-pipeline", default=None,
+                     help="Propose the next candidate while one trains (default: on for remote researchers; "
+                          "`step` runs one iteration, which has nothing to overlap)."),
+        click.option("--gpus", default=None, help="One lane per GPU, e.g. 0,1,2,3 (CUDA_VISIBLE_DEVICES of each lane)."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
 AGENT_OPTIONS = ("wire_api", "base_url", "temperature", "reasoning_effort", "request_timeout",
                  "max_retries", "repair_turns", "prices", "force", "executable", "agent_args")
 def given(value: Any) -> bool:
@@ -237,11 +251,9 @@ def main() -> None:
 
 @main.command()
 @run_options
+@iteration_options
 @click.option("--hours", type=float, default=None, help="Stop starting iterations after this many hours.")
 @click.option("--iterations", type=int, default=None, help="Stop after N iterations (the baseline not counted).")
-@click.option("--pipeline/--no-pipeline", default=None,
-              help="Propose the next candidate while one trains (default: on for remote researchers).")
-@click.option("--gpus", default=None, help="One lane per GPU, e.g. 0,1,2,3 (CUDA_VISIBLE_DEVICES of each lane).")
 @friendly
 def run(repo, tag, resume, hours, iterations, pipeline, gpus, **flags):
     """Run the autoresearch loop until --hours, --iterations, a budget cap, or Ctrl-C."""
@@ -267,12 +279,18 @@ def exit_for(interrupted) -> None:
 
 @main.command()
 @run_options
+@iteration_options
 @friendly
-def step(repo, tag, resume, **flags):
-    """Run exactly one iteration (setting the run up first if needed), then exit."""
+def step(repo, tag, resume, pipeline, gpus, **flags):
+    """Run exactly one iteration (setting the run up first if needed), then exit.
+
+    It takes the options of `harness run` but --hours and --iterations: one iteration is never
+    pipelined, whatever --pipeline says.
+    """
     tag = tag or status_mod.latest_single(repo) or default_tag(repo)  # `harness step` again continues the run
     exists = (Path(repo) / "runs" / tag / "results.tsv").exists()
-    cfg = build_config(repo, tag, resume or exists, **flags)
+    cfg = build_config(repo, tag, resume or exists, pipeline=pipeline,
+                       gpus=pipeline_mod.parse_gpus(gpus) or None, **flags)
     summary = interrupted = None
     with hung_up_terminal(), Display(err, [watched(cfg)]) as display:
         summary, interrupted = driver.single(cfg, make_researcher(cfg), resume or exists, display,
@@ -294,7 +312,12 @@ def check(repo, tag, resume, hours, **flags):
     from . import check as check_mod
     cfg = build_config(repo, tag or "check", **flags)
     say(f"checking {cfg.agent} {cfg.model or ''}: one researcher call, then one baseline run ...")
-    click.echo(check_mod.render(check_mod.run_check(cfg, hours)))
+    try:  # each stage's lines as soon as it passed: a later failure does not hide them
+        report = check_mod.run_check(cfg, hours, progress=click.echo)
+    except driver.Interrupted as stop:
+        say((f"check stopped by {stop.why}", "yellow"), ": nothing it started is left running")
+        sys.exit(128 + stop.signum)
+    click.echo(check_mod.render_training(report))
 
 
 @main.command()

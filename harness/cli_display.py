@@ -321,6 +321,6 @@ def summary_text(summary: Any, label: str = "") -> Text:
     counts = ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())) or "none"
     keep = "-" if h.keep_rate is None else f"{h.keep_rate:.0%}"
     out.append(f"{h.experiments} experiments: {counts}; keep rate {keep}{failed}\n")
-    cost = "unknown (no price for this model)" if h.cost_usd is None else f"${h.cost_usd:.4f}"
+    cost = figures.cost_text(h.cost_usd, getattr(h, "unknown_usage_calls", 0))
     out.append(f"tokens in {h.input_tokens}, out {h.output_tokens}; cost {cost}")
     return out

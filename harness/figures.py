@@ -121,7 +121,9 @@ class Headline:
     budget_stop: bool = False  # the run ended on a --max-tokens/--max-cost `budget` row
     input_tokens: int = 0
     output_tokens: int = 0
-    cost_usd: float | None = None  # None = unknown (a researcher call without a price)
+    cost_usd: float | None = None  # None = unknown (a call whose tokens are known had no price); with
+    # unknown_usage_calls, the cost of the calls that reported usage: the run cost at least this
+    unknown_usage_calls: int = 0  # researcher calls killed before they reported usage (spend.unknown)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -137,7 +139,8 @@ def headline(rows: list[dict[str, Any]], metric: str = "metric", direction: str 
     gain = improvement(direction, base, best)
     exp = df[experiment_mask(df)]
     counts = {str(k): int(v) for k, v in exp.groupby("status", sort=False).size().items()}
-    costs = df.loc[df["agent_s"].notna(), "cost_usd"]  # a researched row without a cost: unknown
+    reported = df["agent_s"].notna() & (df["input_tokens"].notna() | df["output_tokens"].notna())
+    costs = df.loc[reported, "cost_usd"]  # a call that reported its tokens but has no cost: unknown
     return Headline(
         metric=metric, direction=direction,
         baseline=base, baseline_commit=str(known(base_row["commit"]) or "") if base_row is not None else "",
@@ -152,7 +155,19 @@ def headline(rows: list[dict[str, Any]], metric: str = "metric", direction: str 
         input_tokens=int(df["input_tokens"].sum()),
         output_tokens=int(df["output_tokens"].sum()),
         cost_usd=None if costs.isna().any() else float(costs.sum()),
+        unknown_usage_calls=int((df["agent_s"].notna() & df["iteration"].fillna(0).gt(0)
+                                 & df["input_tokens"].isna() & df["output_tokens"].isna()).sum()),
     )
+
+
+def cost_text(cost_usd: float | None, unknown_calls: int = 0, digits: int = 4) -> str:
+    """A run's cost as every view shows it: unknown usage never hides the known cost."""
+    if cost_usd is None:
+        return "unknown (no price for this model; add one with --prices)"
+    if unknown_calls:
+        return (f"at least ${cost_usd:.{digits}f}; {unknown_calls} call{'s' * (unknown_calls != 1)} "
+                f"with unknown usage")
+    return f"${cost_usd:.{digits}f}"
 
 
 def signed(value: float | None, digits: int = 6) -> str:

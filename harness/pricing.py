@@ -48,8 +48,8 @@ def _load(user: str | None) -> dict[str, Any]:
             extra = tomllib.loads(Path(user).read_text())
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise ConfigError(f"price file {user}: {e}. It is TOML like harness/models.toml: "
-                              f"[aliases] name = \"model\" and [models.\"model\"] input/cached_input/output "
-                              f"in USD per 1M tokens.") from e
+                              f"[aliases] name = \"model\" and [models.\"model\"] input/cached_input/"
+                              f"cache_write/cache_write_1h/output in USD per 1M tokens.") from e
         for name, entry in extra.get("models", {}).items():
             if not isinstance(entry, dict) or not all(isinstance(entry.get(k), (int, float))
                                                       for k in ("input", "output")):
@@ -75,30 +75,54 @@ def price(model: str | None, path: str | None = None) -> dict[str, float] | None
 
 
 def cost_usd(model: str | None, input_tokens: int, cached_tokens: int, output_tokens: int,
-             path: str | None = None) -> float | None:
-    """USD for one call; input_tokens includes the cached ones. None when the model has no price."""
+             path: str | None = None, cache_write_tokens: int = 0, cache_write_1h_tokens: int = 0) -> float | None:
+    """USD for one call, as the provider bills it. input_tokens includes the cached reads and the
+    cache writes; cache_write_1h_tokens is the 1-hour part of cache_write_tokens; output includes
+    reasoning. None when the model has no price."""
     p = price(model, path)
     if p is None:
         return None
-    uncached = max(0, input_tokens - cached_tokens)
-    return (uncached * p["input"] + cached_tokens * p.get("cached_input", p["input"])
-            + output_tokens * p["output"]) / 1e6
+    write_5m = p.get("cache_write", p["input"])
+    write_1h = p.get("cache_write_1h", write_5m)
+    writes = min(max(0, cache_write_tokens), max(0, input_tokens - cached_tokens))
+    long_writes = min(max(0, cache_write_1h_tokens), writes)
+    plain = max(0, input_tokens - cached_tokens - writes)
+    return (plain * p["input"] + cached_tokens * p.get("cached_input", p["input"])
+            + (writes - long_writes) * write_5m + long_writes * write_1h + output_tokens * p["output"]) / 1e6
 
 
 def call_cost(model: str | None, usage: Any) -> tuple[float | None, str]:
-    """(USD, source) of one researcher call: the price table wins when it has the model.
+    """(USD, source) of one researcher call, in the one order docs/researchers.md and models.toml give:
 
-    The researcher's own figure (claude's total_cost_usd, a `cmd` JSON line) is used only
-    for a model without a price. Source: "table", "researcher" or "unknown" (no price and
-    no figure, or usage that was never reported).
+    1. the price table (a --prices file included), when it has the model;
+    2. else the researcher's own figure (claude's total_cost_usd, a `cmd` JSON line);
+    3. else unknown (no price and no figure, or usage that was never reported): None.
+    Source: "table", "researcher" or "unknown".
     """
     if not getattr(usage, "known", True):
         return None, "unknown"
     if price(model) is not None:
-        return cost_usd(model, usage.input_tokens, usage.cached_tokens, usage.output_tokens), "table"
+        return cost_usd(model, usage.input_tokens, usage.cached_tokens, usage.output_tokens,
+                        cache_write_tokens=getattr(usage, "cache_write_tokens", 0),
+                        cache_write_1h_tokens=getattr(usage, "cache_write_1h_tokens", 0)), "table"
     if usage.cost_usd is not None:
         return usage.cost_usd, "researcher"
     return None, "unknown"
+
+
+COST_TOLERANCE = 0.01  # relative: a CLI's own figure this close to the table's is the same bill
+
+
+def cost_difference(model: str | None, usage: Any) -> tuple[float, float] | None:
+    """(the table's USD, the researcher's own USD) of a call priced from the table whose researcher
+    reported a different cost of its own; None when they agree or one of them is missing."""
+    table, source = call_cost(model, usage)
+    own = getattr(usage, "cost_usd", None)
+    if source != "table" or table is None or own is None:
+        return None
+    if abs(table - own) <= COST_TOLERANCE * max(abs(table), abs(own), 1e-9):
+        return None
+    return table, own
 
 
 def backends_for(model: str | None, path: str | None = None) -> list[str]:

@@ -212,8 +212,11 @@ def arm_figures(arm: ArmData) -> dict[str, Any]:
     train_s = float(df["train_s"].sum()) if has("train_s") else None
     wall_s = float(not_repeat["wall_s"].sum()) if has("wall_s") else None
     researched = exp[exp["agent_s"].notna()]
-    cost = (float(researched["cost_usd"].sum()) if has("cost_usd") and len(researched)
-            and researched["cost_usd"].notna().all() else None)
+    unknown_calls = spend.unknown_calls(arm.rows) if has("input_tokens") else 0
+    billed = researched[researched["input_tokens"].notna() | researched["output_tokens"].notna()] \
+        if has("input_tokens") and has("output_tokens") else researched  # a killed call's cost is not known
+    cost = (float(billed["cost_usd"].sum()) if has("cost_usd") and len(researched)
+            and billed["cost_usd"].notna().all() else None)  # with unknown calls: what it cost at least
     tokens = (float(df["input_tokens"].sum() + df["output_tokens"].sum())
               if has("input_tokens") and has("output_tokens") else None)
 
@@ -248,7 +251,8 @@ def arm_figures(arm: ArmData) -> dict[str, Any]:
         "unknown_usage_calls": spend.unknown_calls(arm.rows) if has("input_tokens") else None,
         "improvement_per_gpu_hour": _ratio(improvement, None if train_s is None else train_s / 3600),
         "improvement_per_1m_tokens": _ratio(improvement, None if tokens is None else tokens / 1e6),
-        "improvement_per_usd": _ratio(improvement, cost),
+        "improvement_per_usd": None if unknown_calls else _ratio(improvement, cost),  # on a lower bound: none
+        "cost_text": None if not has("cost_usd") else figures.cost_text(cost, unknown_calls),
         "kept": kept_changes(arm),
         # results taken from stdout rather than a verified seal (foreign workloads); None = not recorded
         "unsealed_runs": int(df["sealed"].eq("no").sum()) if has("sealed") else None,
@@ -271,7 +275,8 @@ def progress_series(arm: ArmData) -> dict[str, list[float | None]]:
         if has("input_tokens") and has("output_tokens") else unknown
     cost = unknown
     if has("cost_usd"):  # unknown from the first researched row without a cost on
-        priced = ~(df["agent_s"].notna() & df["cost_usd"].isna())
+        priced = ~(df["agent_s"].notna() & df["cost_usd"].isna()  # a killed call (no usage) hides no cost
+                   & (df["input_tokens"].notna() | df["output_tokens"].notna()))
         cost = df["cost_usd"].fillna(0).cumsum().where(priced.astype(int).cummin().astype(bool))
     return {key: [figures.known(v) for v in series]
             for key, series in (("best", best), ("wall_h", wall), ("tokens_m", tokens), ("cost_usd", cost))}

@@ -154,7 +154,7 @@ def table_rows(summary: dict[str, Any]) -> list[list[str]]:
         ("input tokens per iteration", "input_tokens_per_iteration", "tokens"),
         ("cached tokens per iteration", "cached_tokens_per_iteration", "tokens"),
         ("output tokens per iteration", "output_tokens_per_iteration", "tokens"),
-        ("cost", "cost_usd", "usd"), ("cost from", "cost_source", "text"),
+        ("cost", "cost_text", "text"), ("cost from", "cost_source", "text"),
         ("calls with unknown usage (killed before reporting)", "unknown_usage_calls", "int"),
         ("improvement per GPU-hour", "improvement_per_gpu_hour", "num"),
         ("improvement per 1M tokens", "improvement_per_1m_tokens", "num"),

@@ -183,7 +183,8 @@ def pooled(name: str, figs: list[dict[str, Any]]) -> dict[str, Any]:
     total = _sum([f["improvement"] for f in figs])
     out["improvement_per_gpu_hour"] = _ratio(total, None if out["train_s"] is None else out["train_s"] / 3600)
     out["improvement_per_1m_tokens"] = _ratio(total, None if out["tokens"] is None else out["tokens"] / 1e6)
-    out["improvement_per_usd"] = _ratio(total, out["cost_usd"])
+    out["improvement_per_usd"] = None if out["unknown_usage_calls"] else _ratio(total, out["cost_usd"])
+    out["cost_text"] = figures.cost_text(out["cost_usd"], out["unknown_usage_calls"] or 0)
     return out
 
 

@@ -390,7 +390,10 @@ def open_run(cfg: RunConfig, resume: bool, progress: Progress = no_progress,
                                    researcher.describe())
         if changed and not cfg.agent_options.get("force"):
             raise RepoError(f"run {cfg.tag} was started with other researcher routing ({'; '.join(changed)}). "
-                            f"Resume with the run's own --agent/--model/--base-url and key, or pass --force.")
+                            f"Resume with the run's own --agent/--model/--base-url, key and CLI version, "
+                            f"or pass --force.")
+        if changed:  # --force: continued all the same, and said so where the run's history is
+            events.record(cfg.run_dir, "resume_forced", "researcher changed on resume: " + "; ".join(changed))
         refused, limits = compare_resume(manifest.get("config", {}), cfg)  # config.py: budget, metric, gate...
         if refused:
             raise RepoError(refusal_message(cfg.tag, refused))

@@ -161,7 +161,7 @@ def cut(line: str, width: int) -> str:
 def figure_lines(s: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, value) pairs: the same figures for a run and for each A/B arm."""
     f = s["figures"]
-    cost = "unknown" if f["cost_usd"] is None else f"${f['cost_usd']:.4f}"
+    cost = figures.cost_text(f["cost_usd"], f.get("unknown_usage_calls") or 0)
     keep = "-" if f["keep_rate"] is None else f"{f['keep_rate']:.0%}"
     counts = " ".join(f"{k} {v}" for k, v in sorted(f["counts"].items())) or "none yet"
     better = "higher" if f["direction"] == "maximize" else "lower"

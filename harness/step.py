@@ -276,6 +276,11 @@ def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str
     model = pricing.resolve_model(cfg.model)
     usage = proposal.usage
     cost, _ = pricing.call_cost(model, usage)  # the price table wins over the researcher's figure
+    differs = pricing.cost_difference(model, usage)
+    if differs:  # both figures kept where a person looks: the table's on the row, the CLI's here
+        events.record(cfg.run_dir, "cost_differs", f"iteration {iteration}: the price table says ${differs[0]:.6f}, "
+                      f"the researcher reported ${differs[1]:.6f}; the ledger keeps the table's",
+                      iteration=iteration, table_usd=differs[0], researcher_usd=differs[1])
     for problem in proposal.problems:  # its report's numbers were unusable: unknown, never taken as given
         events.record(cfg.run_dir, "researcher_report", f"iteration {iteration}: {problem}; taken as unknown")
     cand = Candidate(iteration, parent, best_before, started_at, t0, proposal, model, cost,

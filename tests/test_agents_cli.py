@@ -119,7 +119,10 @@ def test_claude_not_logged_in_is_a_crash_then_edits_with_reported_cost(repo: Pat
     row = ledger[2]
     assert (row["input_tokens"], row["cached_tokens"], row["output_tokens"]) == (12 + 3000 + 15000, 15000, 450)
     # The price table has the model: its price wins over the $0.0421 claude reported.
-    assert row["cost_usd"] == pytest.approx(pricing.cost_usd("claude-sonnet-4-6", 18012, 15000, 450), abs=1e-6)
+    # Its 3000 cache writes at the 5-minute price (1.25x input): what Anthropic bills.
+    assert row["cost_usd"] == pytest.approx(pricing.cost_usd("claude-sonnet-4-6", 18012, 15000, 450,
+                                                             cache_write_tokens=3000), abs=1e-6)
+    assert row["cost_usd"] > pricing.cost_usd("claude-sonnet-4-6", 18012, 15000, 450)
     assert row["description"] == "lower VALUE to 0.95" and row["model"] == "claude-sonnet-4-6"
     first = calls(agents_env)[0]
     assert first["argv"][1:] == ["-p", "--output-format", "stream-json", "--verbose", "--permission-mode",

@@ -342,3 +342,56 @@ def test_a_description_is_printable_text_cut_to_a_line():
     garbage = "tuned lr\x00\x1b[31m\x07 \ufffe" + "\x8f" * 5 + "\tand\nwarmup"
     assert printable(garbage) == "tuned lr??[31m? ?????? and warmup"
     assert len(printable("x" * 5000)) == DESCRIPTION_CHARS and printable("x" * 5000).endswith("...")
+
+
+# ---------------------------------------------------------------------------
+# Cache writes, retries with a named delay, edits that failed (shapes the real CLIs print)
+
+def test_cache_writes_are_priced_by_their_lifetime():
+    # claude-sonnet-4-5: $3 input, $0.30 a cache read, $3.75 a 5-minute write, $6 a 1-hour write, $15 output.
+    usd = pricing.cost_usd("claude-sonnet-4-5", 3000, 1000, 70, cache_write_tokens=1500, cache_write_1h_tokens=500)
+    assert usd == pytest.approx((500 * 3 + 1000 * 0.30 + 1000 * 3.75 + 500 * 6 + 70 * 15) / 1e6)
+    # OpenAI has no write price: writes cost input.
+    assert pricing.cost_usd("gpt-5.4", 3000, 1000, 70, cache_write_tokens=1500) == pricing.cost_usd(
+        "gpt-5.4", 3000, 1000, 70)
+
+
+def test_claude_result_splits_its_cache_writes_by_lifetime():
+    result = {"type": "result", "subtype": "success", "is_error": False, "result": "done\nlower LR",
+              "total_cost_usd": 0.028878,
+              "usage": {"input_tokens": 1500, "cache_creation_input_tokens": 4500, "cache_read_input_tokens": 3000,
+                        "output_tokens": 210, "cache_creation": {"ephemeral_1h_input_tokens": 1500,
+                                                                 "ephemeral_5m_input_tokens": 3000}},
+              "modelUsage": {"claude-sonnet-4-5": {"inputTokens": 1511, "outputTokens": 213,
+                                                   "cacheReadInputTokens": 3000, "cacheCreationInputTokens": 4500}}}
+    out = parse_claude_result(json.dumps(result))
+    u = out.usage
+    assert (u.input_tokens, u.cached_tokens, u.output_tokens) == (1511 + 3000 + 4500, 3000, 213)
+    assert (u.cache_write_tokens, u.cache_write_1h_tokens) == (4500, 1500)
+    table, source = pricing.call_cost("claude-sonnet-4-5", u)
+    assert source == "table" and table == pytest.approx(0.028878)  # what claude itself computed
+    assert pricing.cost_difference("claude-sonnet-4-5", u) is None
+    assert pricing.cost_difference("claude-haiku-4-5", u) is not None  # another price: both kept
+
+
+def test_gemini_counts_its_retries_after_a_named_delay_as_a_rate_limit():
+    stderr = ("Attempt 1 failed: Resource has been exhausted. Please retry in 1s.. Retrying after 1043ms...\n"
+              "Attempt 2 failed: Resource has been exhausted. Please retry in 1s.. Retrying after 2210ms...\n")
+    out = parse_gemini_output("", stderr)
+    assert out.retries == 2 and classify(out.error) == "rate_limit", out
+
+
+def test_a_failed_edit_is_read_from_each_cli():
+    codex = "\n".join(json.dumps(e) for e in [
+        {"type": "item.completed", "item": {"type": "file_change", "changes": [{"path": "/w/train.py"}],
+                                            "status": "failed"}},
+        {"type": "item.completed", "item": {"type": "agent_message", "text": "lower VALUE to 0.9"}},
+        {"type": "turn.completed", "usage": {"input_tokens": 10, "output_tokens": 2}}])
+    out = parse_codex_events(codex, "2026-12-02T04:28:52Z ERROR codex_core::tools::router: error=apply_patch "
+                                    "verification failed: Failed to find expected lines in /w/train.py:\nVALUE = 1\n")
+    assert out.edit_failures[0] == "its change of train.py failed"
+    assert out.edit_failures[1].startswith("apply_patch verification failed")
+    assert out.error is None and out.description == "lower VALUE to 0.9"
+    gemini = json.dumps({"response": "lower VALUE to 0.9", "stats": {"tools": {"byName": {"replace": {"fail": 1}}}}})
+    out = parse_gemini_output(gemini, "Error executing tool replace: Error: Could not find an exact match\n")
+    assert out.edit_failures == ("its replace failed 1x (Error: Could not find an exact match)",)

@@ -25,8 +25,8 @@ def rig(netns, tmp_path: Path):  # noqa: F811
     rig.close()
 
 
-def run_args(rig: Rig, repo: Path, tag: str, *extra) -> list:
-    return ["run", "--repo", repo, "--tag", tag, "--agent", "claude", "--model", "test-model",
+def run_args(rig: Rig, repo: Path, tag: str, *extra, model: str = "test-model") -> list:
+    return ["run", "--repo", repo, "--tag", tag, "--agent", "claude", "--model", model,
             "--base-url", rig.server.url(), "--agent-executable", rig.executable, "--no-pipeline", *extra]
 
 
@@ -51,6 +51,10 @@ def test_claude_edits_are_committed_and_the_price_table_wins_over_its_cost(repo:
     log = (repo / "runs" / "rl" / "logs" / "iter-0001-agent.log").read_text()
     assert row["cost_usd"] == 0.0  # claude's own total_cost_usd is in its log, not on the ledger
     assert '"total_cost_usd"' in log
+    differs = [json.loads(line) for line in (repo / "runs" / "rl" / "events.log").read_text().splitlines()
+               if '"cost_differs"' in line]  # and both figures are in the run's events
+    assert [(e["iteration"], e["table_usd"]) for e in differs] == [(1, 0.0), (2, 0.0)]
+    assert all(e["researcher_usd"] > 0 for e in differs)
     manifest = json.loads((repo / "runs" / "rl" / "run.json").read_text())["researcher"]
     assert (manifest["provider"], manifest["key_var"]) == ("anthropic", "ANTHROPIC_API_KEY")
     assert manifest["base_url_host"] == f"127.0.0.1:{rig.server.port}"
@@ -100,5 +104,41 @@ def test_check_names_the_class_of_each_claude_fault(repo: Path, rig: Rig, fault,
                        "--base-url", rig.server.url(), "--agent-executable", rig.executable, "--agent-timeout", 5)
     assert done.returncode == 1
     assert says in done.stderr, done.stderr[-2000:]
+    assert rig.leftovers() == []
+    rig.lookups()
+
+
+def test_claude_cache_writes_are_priced_as_billed(repo: Path, rig: Rig):
+    # Each of claude's three requests (Read, Edit, the answer) sends 3000 input tokens: 1000 read from
+    # the cache, 1500 written to it (500 of them for an hour), 500 plain; and gets 70 out.
+    rig.server.script({"do": "edit", "input_tokens": 3000, "cached_tokens": 1000, "cache_write_tokens": 1500,
+                       "cache_write_1h_tokens": 500, "output_tokens": 70})
+    done = rig.harness(*run_args(rig, repo, "rw", "--iterations", 1, "--agent-timeout", 60, model="claude-sonnet-4-5"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = rows(repo, "rw")[-1]
+    assert (row["status"], row["input_tokens"], row["cached_tokens"], row["output_tokens"]) == (
+        "keep", 3 * 3000 + 11, 3 * 1000, 3 * 70 + 3)
+    # Sonnet 4.5 per 1M tokens: $3 plain input, $0.30 a cache read, $3.75 a 5-minute write, $6 a 1-hour
+    # write, $15 output; the side request's 11 + 3 tokens are plain.
+    billed = (3 * (500 * 3 + 1000 * 0.30 + 1000 * 3.75 + 500 * 6 + 70 * 15) + 11 * 3 + 3 * 15) / 1e6
+    assert row["cost_usd"] == pytest.approx(billed, rel=1e-9)
+    log = (repo / "runs" / "rw" / "logs" / "iter-0001-agent.log").read_text()
+    own = json.loads(log[log.index('{"type":"result"'):].splitlines()[0])["total_cost_usd"]
+    assert own == pytest.approx(billed, rel=1e-9)  # the table's figure is claude's own bill
+    events = repo / "runs" / "rw" / "events.log"
+    assert "cost_differs" not in (events.read_text() if events.exists() else "")  # nothing to tell apart
+    rig.lookups()
+
+
+def test_claude_that_says_it_edited_but_changed_nothing_is_its_failure(repo: Path, rig: Rig):
+    # Its Edit's old text is not in train.py (the tool answers with an error), yet its answer says it
+    # lowered the constant: a crash with claude's own words, not the researcher's choice of nothing.
+    rig.server.script({"do": "edit", "stale": True, "input_tokens": 1000, "cached_tokens": 0, "output_tokens": 10})
+    done = rig.harness(*run_args(rig, repo, "rs", "--iterations", 1, "--agent-timeout", 60))
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = rows(repo, "rs")[-1]
+    assert row["status"] == "crash", row
+    assert "claude changed nothing: its Edit of train.py failed" in row["description"], row
+    assert "its last message: lower VALUE to 0.9" in row["description"], row
     assert rig.leftovers() == []
     rig.lookups()

@@ -293,3 +293,9 @@ def test_gpu_check_says_what_is_missing_on_a_machine_without_a_gpu():
         pytest.skip("this machine has nvidia-smi: scripts/gpu_check.sh is run by hand here")
     done = subprocess.run(["bash", str(ROOT / "scripts/gpu_check.sh")], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "no nvidia-smi" in done.stderr
+
+
+def test_step_declares_every_option_of_run_but_the_runs_length():
+    from harness.cli import run, step
+    names = lambda command: {opt for p in command.params for opt in p.opts + p.secondary_opts}  # noqa: E731
+    assert names(run) - names(step) == {"--hours", "--iterations"}

@@ -66,9 +66,9 @@ def make_researcher(agent: str, model: str | None, options: dict[str, Any] | Non
     return CommandResearcher(agent[len("cmd:"):], model, **options)
 
 
-# What says where the researcher goes: a resume with another value is refused. Keys that an
-# older manifest lacks are not compared (it could not record them).
-ROUTING_KEYS = ("provider", "base_url", "base_url_host", "key_var", "key_fingerprint")
+# What says where the researcher goes, and which CLI goes there: a resume with another value is
+# refused. Keys that an older manifest lacks are not compared (it could not record them).
+ROUTING_KEYS = ("provider", "base_url", "base_url_host", "key_var", "key_fingerprint", "cli_version")
 
 
 def routing_mismatch(manifest: dict[str, Any], agent: str, model: str | None,

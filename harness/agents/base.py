@@ -45,6 +45,10 @@ class Usage:
     output_tokens: int = 0  # reasoning tokens included
     cost_usd: float | None = None  # only when the backend reports it
     known: bool = True  # False: the call ended (killed, cancelled) before its usage was reported
+    # Input tokens written to the prompt cache (part of input_tokens, not of cached_tokens), and the
+    # 1-hour part of them: priced apart (models.toml cache_write, cache_write_1h); not ledger columns.
+    cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
 
     @classmethod
     def unknown(cls) -> "Usage":
@@ -63,7 +67,9 @@ class Usage:
             cost = (self.cost_usd or 0.0) + (other.cost_usd or 0.0)
         return Usage(self.input_tokens + other.input_tokens,
                      self.cached_tokens + other.cached_tokens,
-                     self.output_tokens + other.output_tokens, cost, self.known and other.known)
+                     self.output_tokens + other.output_tokens, cost, self.known and other.known,
+                     self.cache_write_tokens + other.cache_write_tokens,
+                     self.cache_write_1h_tokens + other.cache_write_1h_tokens)
 
 
 @dataclass

@@ -7,8 +7,12 @@ cancellation, the log, and merging the process's failure with what the output sa
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import stat
+import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -27,6 +31,56 @@ class CLIOutput:
     found: bool  # its structured output (events, a result object) was there at all
     retries: int = 0  # retries the CLI made itself (429s, 5xx, lost streams)
     problems: tuple[str, ...] = ()  # what was wrong in its report (base.reported_usage)
+    edit_failures: tuple[str, ...] = ()  # edits its own tools reported as failed (a patch, a write)
+
+
+DIGEST_MAX_BYTES = 16 * 2**20  # an editable file larger than this is compared by its size and mtime
+
+
+def editable_digest(task: Task) -> str:
+    """A hash of the editable files as they are, to tell whether a call changed any. Never follows a
+    link the researcher may have planted (to /dev/zero, a secret) and never reads without bound."""
+    digest = hashlib.sha256()
+    for name in task.editable:
+        path = Path(task.worktree) / name
+        digest.update(name.encode() + b"\0")
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode):
+                digest.update(f"{st.st_mode}:{os.readlink(path) if stat.S_ISLNK(st.st_mode) else ''}".encode())
+            elif st.st_size > DIGEST_MAX_BYTES:
+                digest.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
+            else:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+                with os.fdopen(fd, "rb") as f:
+                    digest.update(f.read(DIGEST_MAX_BYTES + 1))
+        except OSError:
+            digest.update(b"-")
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+VERSION_TIMEOUT_S = 60.0  # s for `CLI --version` (gemini's node start takes seconds on a busy machine)
+_versions: dict[tuple[str, int, int], str | None] = {}
+
+
+def cli_version(executable: str, env: dict[str, str] | None = None) -> str | None:
+    """The first line `executable --version` prints (`codex-cli 0.171.0`, `2.1.197 (Claude Code)`,
+    `0.61.0`), once per installed file; None when it prints nothing or fails."""
+    try:
+        st = os.stat(executable)
+    except OSError:
+        return None
+    key = (os.path.realpath(executable), st.st_mtime_ns, st.st_size)
+    if key not in _versions:
+        try:
+            done = subprocess.run([executable, "--version"], capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                                  timeout=VERSION_TIMEOUT_S, env=env, start_new_session=True)
+            lines = [line.strip() for line in (done.stdout or "").splitlines() if line.strip()]
+            _versions[key] = lines[0][:100] if done.returncode == 0 and lines else None
+        except (OSError, subprocess.SubprocessError):
+            _versions[key] = None
+    return _versions[key]
 
 
 def url_host(url: str | None) -> str | None:
@@ -38,9 +92,12 @@ def url_host(url: str | None) -> str | None:
     return f"{host}:{parts.port}" if parts.port else host or None
 
 
-def cost_source(model: str | None) -> str:
-    """Where this researcher's costs come from (pricing.call_cost): for the manifest and the report."""
-    return "table" if pricing.price(model) is not None else "researcher"
+def cost_source(model: str | None, reports_cost: bool = True) -> str:
+    """Where this researcher's costs come from (pricing.call_cost): for the manifest and the report.
+    A researcher that reports no cost of its own (codex, gemini, openai) and a model without a price: unknown."""
+    if pricing.price(model) is not None:
+        return "table"
+    return "researcher" if reports_cost else "unknown"
 
 
 def merge_error(result: ProcessResult, out: CLIOutput, name: str, timeout_s: float) -> tuple[str | None, str | None]:
@@ -79,6 +136,7 @@ class CLIResearcher:
     key_vars: tuple[str, ...] = ()  # the variables that may hold its key, in the order looked up
     provider = ""  # where it goes without --base-url
     silent_is_free = False  # a call that exits normally without reporting usage cost nothing
+    reports_cost = False  # it prints a cost of its own (claude's total_cost_usd, a cmd: JSON line)
     config_names: tuple[str, ...] = ()  # its settings in the user's home, bound into its sandbox
     config_vars: tuple[str, ...] = ()  # variables that point it at its settings elsewhere
 
@@ -102,6 +160,10 @@ class CLIResearcher:
     def environment(self) -> dict[str, str]:
         """Variables to set for the CLI (its base URL); the rest of the environment passes through."""
         return {}
+
+    def call_environment(self, task: Task) -> dict[str, str]:
+        """environment() for one call (a backend that writes a settings file for it overrides this)."""
+        return self.environment()
 
     def parse(self, stdout: str, stderr: str = "") -> CLIOutput:
         raise NotImplementedError
@@ -135,12 +197,14 @@ class CLIResearcher:
                 "provider": self.provider_name(), "base_url": self.base_url,
                 "base_url_host": url_host(self.base_url), "key_var": var,
                 "key_fingerprint": key_fingerprint(os.environ.get(var)) if var else None,
-                "agent_args": list(self.agent_args), "cost_source": cost_source(self.model), **self.settings()}
+                "agent_args": list(self.agent_args), "cost_source": cost_source(self.model, self.reports_cost),
+                "cli_version": cli_version(self.executable), **self.settings()}
 
     def propose(self, task: Task) -> Proposal:
-        extra = self.environment()
+        extra = self.call_environment(task)
         env = {**os.environ, **extra} if extra else None
         argv = self.argv(task)
+        before = editable_digest(task)
         jailed = sandboxed.confine(task.jail, argv, task.worktree, env, self.readonly(task),
                                    self.config_names, self.config_vars)
         try:
@@ -150,6 +214,12 @@ class CLIResearcher:
             jailed.close()
         out = self.parse(result.stdout, result.stderr)
         error, kind = merge_error(result, out, self.name, task.timeout_s)
+        if error is None and out.edit_failures and editable_digest(task) == before:  # read again only then
+            # It says what it did, but its own tool failed and nothing changed: its failure, not a
+            # choice to change nothing (codex whose sandbox could not write, an edit that did not apply).
+            error = (f"{self.name} changed nothing: {'; '.join(out.edit_failures)[:300]}; its last message: "
+                     f"{printable(out.description) or '(none)'}")
+            kind = "agent"
         usage = out.usage
         if usage is None:
             usage = Usage() if self.silent_is_free and not result.killed else Usage.unknown()

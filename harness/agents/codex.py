@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +26,31 @@ INSTALL_HINT = ("Install it with `npm install -g @openai/codex`, then run `codex
                 "(or set OPENAI_API_KEY / CODEX_API_KEY), or name it with --agent-executable.")
 PROVIDER = "harness"  # the name of the provider generated for --base-url
 WIRE_APIS = ("responses", "chat")
+# A tool call of its that failed, as its log on stderr says it; only an edit's failure counts here.
+TOOL_ERROR_RE = re.compile(r"codex_core::tools::router: error=(.*(?:\n(?!\d{4}-\d\d-\d\dT).*){0,3})")
+EDIT_ERROR_RE = re.compile(r"apply_patch|failed to write file|patch", re.I)
 RETRY_RE = re.compile(r"\b(?:reconnecting|retrying)\b\D{0,40}?(\d+)\s*/\s*(\d+)", re.I)
 
 
-def parse_codex_events(text: str) -> CLIOutput:
+def stderr_edit_failures(stderr: str) -> list[str]:
+    """The failed edits codex logged on stderr (a patch that did not apply, a file it could not write)."""
+    found = []
+    for m in TOOL_ERROR_RE.finditer(stderr or ""):
+        text = " ".join(m.group(1).split())
+        if EDIT_ERROR_RE.search(text):
+            found.append(text[:200])
+    return found
+
+
+def parse_codex_events(text: str, stderr: str = "") -> CLIOutput:
     """Read `codex exec --json` output. Lines that are not JSON events are ignored.
 
     An `error` event followed by a `turn.completed` was transient (codex retried it itself);
-    each `Reconnecting... n/m` is one retry.
+    each `Reconnecting... n/m` is one retry. A `file_change` item that ended `failed` is an edit
+    it tried and did not make (its final message may still say it did).
     """
     usage, message, error, found, retries = None, "", None, False, 0
+    failed_edits: list[str] = []
     for line in text.splitlines():
         event = json_object(line)
         if event is None:
@@ -45,6 +61,9 @@ def parse_codex_events(text: str) -> CLIOutput:
             item = event.get("item") or {}
             if item.get("type") == "agent_message" and item.get("text"):
                 message = item["text"]
+            elif item.get("type") == "file_change" and item.get("status") == "failed":
+                paths = ", ".join(Path(str(c.get("path"))).name for c in item.get("changes") or [])
+                failed_edits.append(f"its change of {paths or 'a file'} failed")
         elif kind == "turn.completed":
             u = event.get("usage") or {}
             usage = Usage(u.get("input_tokens") or 0, u.get("cached_input_tokens") or 0,
@@ -57,7 +76,56 @@ def parse_codex_events(text: str) -> CLIOutput:
             if RETRY_RE.search(text_):
                 retries += 1
             error = text_
-    return CLIOutput(usage, last_line(message), error, found, retries)
+    failed_edits += stderr_edit_failures(stderr)
+    return CLIOutput(usage, last_line(message), error, found, retries, edit_failures=tuple(failed_edits))
+
+
+# ---------------------------------------------------------------------------
+# Where codex keeps its home. Under the temporary folder (/tmp, $TMPDIR) it "refuses to create helper
+# binaries", and then its workspace-write sandbox cannot write a file: its patch fails, yet it says
+# it made the change. The default home there (a HOME under /tmp, as on CI runners) is moved to
+# OUTSIDE_TMP, with the user's login and settings linked in.
+
+OUTSIDE_TMP = Path("/var/tmp")  # kept across reboots, not the temporary folder codex refuses
+LINKED = ("auth.json", "config.toml")  # the login and the settings of the user's own codex home
+
+
+def temp_roots() -> list[Path]:
+    roots = [Path("/tmp"), Path(tempfile.gettempdir())]
+    if os.environ.get("TMPDIR"):
+        roots.append(Path(os.environ["TMPDIR"]))
+    return [r.resolve() for r in roots]
+
+
+def under_temp(path: Path) -> bool:
+    real = path.resolve()
+    return any(real.is_relative_to(root) for root in temp_roots() if root != Path("/"))
+
+
+def codex_home() -> Path:
+    """Where codex keeps its home: CODEX_HOME as you set it, else ~/.codex, made if missing (codex
+    stops when the folder it names does not exist). A default one under the temporary folder is
+    replaced by a folder of the user's under /var/tmp with the login and settings linked in; a
+    CODEX_HOME you named is yours (a failed edit there is still reported as codex's failure)."""
+    if os.environ.get("CODEX_HOME"):
+        home = Path(os.environ["CODEX_HOME"]).expanduser()
+        home.mkdir(parents=True, exist_ok=True)
+        return home
+    home = Path.home() / ".codex"
+    if under_temp(home):
+        own = OUTSIDE_TMP / f"autoresearch-harness-{os.getuid()}" / "codex-home"
+        if under_temp(own):
+            raise AgentError(f"codex's home {home} lies under the temporary folder, where codex refuses its "
+                             f"helper binaries, and so does {own}: set CODEX_HOME to a folder outside it.")
+        own.mkdir(parents=True, exist_ok=True)
+        for name in LINKED:
+            link = own / name
+            if (home / name).exists() and (link.is_symlink() or not link.exists()):
+                link.unlink(missing_ok=True)  # a link to an earlier home's file: this one's now
+                link.symlink_to((home / name).resolve())
+        return own
+    home.mkdir(parents=True, exist_ok=True)
+    return home
 
 
 class CodexResearcher(CLIResearcher):
@@ -98,9 +166,9 @@ class CodexResearcher(CLIResearcher):
         return [part for arg in args for part in ("-c", arg)]
 
     def environment(self) -> dict[str, str]:
-        # Its home named (its own default): in the harness's sandbox HOME is the researcher's own
-        # folder, under /tmp in a run there, where codex refuses to put its helper binaries.
-        return {} if os.environ.get("CODEX_HOME") else {"CODEX_HOME": str(Path.home() / ".codex")}
+        # Its home named: in the harness's sandbox HOME is the researcher's own folder, which may
+        # lie under /tmp (a run there), where codex refuses to put its helper binaries.
+        return {"CODEX_HOME": str(codex_home())}
 
     def command(self, task: Task) -> list[str]:
         # Inside the harness's sandbox codex's own (a nested bubblewrap) cannot start: no capability
@@ -118,4 +186,4 @@ class CodexResearcher(CLIResearcher):
         return ["-"]  # the prompt comes on stdin
 
     def parse(self, stdout: str, stderr: str = "") -> CLIOutput:
-        return parse_codex_events(stdout)
+        return parse_codex_events(stdout, stderr)

@@ -273,7 +273,7 @@ class OpenAIResearcher:
                 "max_retries": self.max_retries, "retries_by": "openai client",
                 "repair_turns": self.repair_turns, "key_fingerprint": self.key_fingerprint,
                 "provider": "openai", "base_url_host": url_host(self.base_url), "key_var": "OPENAI_API_KEY"
-                if os.environ.get("OPENAI_API_KEY") else None, "cost_source": cost_source(self.model)}
+                if os.environ.get("OPENAI_API_KEY") else None, "cost_source": cost_source(self.model, reports_cost=False)}
 
     # --- one request ----------------------------------------------------------------------
 

@@ -23,6 +23,8 @@ behaviour is one of:
     {"do": "hang"}            the headers, then nothing until the client gives up
     {"do": "garbage"}         a 200 whose body is no event stream of the format
     {"do": "edit_then_hang"}  the edit tool call, then hang on the follow-up
+    {"do": "edit", "stale": true}  an edit whose old text is not in train.py: the CLI's tool fails,
+                              and the final message still says it changed the constant
 
 With `"call": true` a behaviour holds for every fresh request of the same conversation (the
 CLI's own retries of one call, however many it makes before it gives up or is killed); the
@@ -143,6 +145,8 @@ class Handler(BaseHTTPRequestHandler):
         usage = usage_of(behaviour)
         if kind in ("edit", "edit_then_hang"):
             change = lowered(train_py(wire.workdir(body))) or lowered(wire.visible_text(body))
+            if change and behaviour.get("stale"):  # an edit of a line that is not in the file: it fails
+                change = (change[0] + "  # a line that is not there", change[1])
             events = wire.edit_events(body, usage, change, hang_after=kind == "edit_then_hang")
             reported = usage
         elif kind == "final":

@@ -19,9 +19,16 @@ FINAL_TEXT = "I changed one constant.\n\n"
 
 
 def usage_of(behaviour: dict[str, Any]) -> dict[str, int]:
-    return {"input_tokens": int(behaviour.get("input_tokens", 1000)),
-            "cached_tokens": int(behaviour.get("cached_tokens", 0)),
-            "output_tokens": int(behaviour.get("output_tokens", 50))}
+    """The usage a behaviour reports. input_tokens counts everything sent (cache reads and writes
+    included); cache_write_tokens (Anthropic only) are written to the cache, the 1-hour part of them
+    cache_write_1h_tokens."""
+    usage = {"input_tokens": int(behaviour.get("input_tokens", 1000)),
+             "cached_tokens": int(behaviour.get("cached_tokens", 0)),
+             "output_tokens": int(behaviour.get("output_tokens", 50))}
+    for key in ("cache_write_tokens", "cache_write_1h_tokens"):
+        if behaviour.get(key):
+            usage[key] = int(behaviour[key])
+    return usage
 
 
 def lowered(text: str) -> tuple[str, str] | None:
@@ -181,11 +188,14 @@ class AnthropicWire(Wire):
 
     def _message(self, body, usage, blocks: list[dict[str, Any]], stop: str) -> list[bytes]:
         mid = "msg_" + uuid.uuid4().hex[:20]
+        writes, long_writes = usage.get("cache_write_tokens", 0), usage.get("cache_write_1h_tokens", 0)
         start = {"type": "message_start", "message": {
             "id": mid, "type": "message", "role": "assistant", "model": body.get("model"), "content": [],
             "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": usage["input_tokens"] - usage["cached_tokens"],
-                      "cache_creation_input_tokens": 0, "cache_read_input_tokens": usage["cached_tokens"],
+            "usage": {"input_tokens": usage["input_tokens"] - usage["cached_tokens"] - writes,
+                      "cache_creation_input_tokens": writes, "cache_read_input_tokens": usage["cached_tokens"],
+                      "cache_creation": {"ephemeral_5m_input_tokens": writes - long_writes,
+                                         "ephemeral_1h_input_tokens": long_writes},
                       "output_tokens": 1}}}
         events = [sse("message_start", start)]
         for index, block in enumerate(blocks):

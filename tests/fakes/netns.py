@@ -68,7 +68,7 @@ class Server:
         total = {"input_tokens": 0, "cached_tokens": 0, "output_tokens": 0}
         for request in self.requests():
             for key, value in (request.get("usage") or {}).items():
-                total[key] += value
+                total[key] = total.get(key, 0) + value
         return total
 
     def stop(self) -> None:

@@ -69,6 +69,12 @@ class Rig:
         argv = [sys.executable, "-m", "harness", *[str(a) for a in args]]
         return self.ns.run(argv, env=self.env(**extra_env), capture_output=True, text=True, timeout=timeout_s)
 
+    def start_harness(self, *args, **extra_env: str) -> subprocess.Popen:
+        """`python -m harness ARGS` in the namespace, not waited for (nsenter execs it: the pid is harness's)."""
+        argv = [sys.executable, "-m", "harness", *[str(a) for a in args]]
+        return subprocess.Popen(self.ns.argv(argv), env=self.env(**extra_env), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
     def egress(self) -> list[str]:
         """What tried to leave the namespace since this rig was made (netns.describe), each once, in order."""
         return list(dict.fromkeys(describe(entry) for entry in self.ns.attempts(self.since)))
