@@ -152,9 +152,9 @@ def test_ctrl_c_in_the_first_second_is_one_line_and_130(tmp_path: Path):
     """A Ctrl-C before the run's own handlers exist (the CLI still importing, the config being read,
     the baseline about to start) ends `harness run` with exit 130 and no traceback, wherever it lands."""
     repo = make_repo(tmp_path / "r")
-    cmd = [sys.executable, "-m", "harness", "run", "--repo", str(repo), "--tag", "e", "--agent", "mutate",
-           "--iterations", "1", "--baseline-runs", "1"]
-    for delay in (0.0, 0.15, 0.4, 0.8):
+    for n, delay in enumerate((0.0, 0.15, 0.4, 0.8)):
+        cmd = [sys.executable, "-m", "harness", "run", "--repo", str(repo), "--tag", f"e{n}", "--agent", "mutate",
+               "--iterations", "1", "--baseline-runs", "1"]
         proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         time.sleep(delay)
