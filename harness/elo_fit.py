@@ -141,8 +141,8 @@ def _log_jeffreys(z: np.ndarray, pairs: tuple[np.ndarray, ...], anchor: int) -> 
     weights games * p * (1 - p); with the anchor's row and column removed its determinant is
     the same whichever arm is removed (the matrix-tree theorem) and positive on a connected graph."""
     i, j, g, _ = pairs
-    p = 1 / (1 + np.exp(-(z[:, i] - z[:, j])))
-    w = g * p * (1 - p)  # n x pairs
+    x = z[:, i] - z[:, j]
+    w = g * np.exp(-np.logaddexp(0, x) - np.logaddexp(0, -x))  # games * p * (1 - p), n x pairs, no overflow
     incidence = np.zeros((len(i), z.shape[1]))
     incidence[np.arange(len(i)), i] = 1
     incidence[np.arange(len(i)), j] = -1
@@ -200,10 +200,11 @@ def ranking_weight(theta: np.ndarray) -> float:
     A task ranks its m arms from one result each (a latent strength plus Gumbel noise: the
     Plackett-Luce model, whose pairs are exactly Bradley-Terry's). Treated as independent games,
     its pairs' log-likelihood has curvature H (the Laplacian with weights p (1 - p)); but pairs that
-    share an arm are correlated, so the score's variance is J, not H. The weight is
-    (m - 1) / trace(H^+ J), the mean ratio of the two: 3 / (m + 1) where the arms are alike (a
-    rank's variance (m^2 - 1) / 12 against (m - 1) / 4), rising to 1 as they draw apart (a sure
-    pair carries no noise to share). J is exact: pairs without a common arm are independent, and
+    share an arm are correlated, so the score's variance is J, not H. The weight is 1 / the largest
+    ratio of J to H over the directions of the log-strengths' differences: 3 / (m + 1) where the
+    arms are alike (every direction's: a rank's variance (m^2 - 1) / 12 against (m - 1) / 4),
+    rising to 1 as they draw apart (a sure pair carries no noise to share), clipped to that range.
+    J is exact: pairs without a common arm are independent, and
     P(a > b > c) = e^a / (e^a + e^b + e^c) * e^b / (e^b + e^c) gives every pair of pairs that shares one.
     """
     m = len(theta)
@@ -239,9 +240,21 @@ def ranking_weight(theta: np.ndarray) -> float:
                     if rank[a] < rank[b] and rank[c] < rank[d]:
                         both += order(first, second, third)
             cov[k, l] = cov[l, k] = both - p[a, b] * p[c, d]
-    h = x.T @ (np.diag(cov) [:, None] * x)
+    h = x.T @ (np.diag(cov)[:, None] * x)
     j = x.T @ cov @ x
-    ratio = float(np.trace(np.linalg.pinv(h, rcond=1e-12) @ j)) / (m - 1)
+    # On the log-strengths' differences (an orthonormal basis of the vectors summing to zero):
+    # the largest ratio of J to H over all directions, so that no difference is given more
+    # weight than its ranking warrants (the mean ratio, trace(H^+ J) / (m - 1), left some too narrow).
+    basis = np.linalg.svd(np.eye(m) - 1 / m)[0][:, : m - 1]
+    hh, jj = basis.T @ h @ basis, basis.T @ j @ basis
+    try:
+        chol = np.linalg.cholesky(hh)
+    except np.linalg.LinAlgError:  # a sure ranking: no pair carries noise
+        return 1.0
+    inv = np.linalg.inv(chol)
+    ratio = float(np.linalg.eigvalsh(inv @ jj @ inv.T).max())
+    # Clipped to [3 / (m + 1), 1]: the weight for alike arms at the least (a close cluster among far
+    # arms can ask for a little less; the benchmark measured the clipped weight).
     return float(np.clip(1 / ratio, 3 / (m + 1), 1.0)) if ratio > 0 else 1.0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from types import ModuleType
+from typing import Any, Callable
 
 
 def lazy_module(name: str) -> ModuleType:
@@ -19,3 +20,11 @@ def lazy_module(name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def lazy_function(module: str, name: str) -> Callable[..., Any]:
+    """A function of `module` that imports the module at its first call."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(lazy_module(module), name)(*args, **kwargs)
+    call.__name__ = call.__qualname__ = name
+    return call

@@ -492,22 +492,28 @@ def test_consistency_of_repeats_per_pair_and_arm(tmp_path: Path):
 
 
 def test_two_arm_posterior_is_jeffreys_beta_posterior_on_the_win_rate():
-    """With two arms the posterior's prior is Jeffreys' Beta(1/2, 1/2) on P(win): k wins of n give
-    Beta(k + 1/2, n - k + 1/2), the interval with the best coverage for a binomial."""
+    """With two arms the posterior's prior is Jeffreys' Beta(1/2, 1/2) on P(win) (times the fit's
+    small normal): k wins of n give Beta(k + 1/2, n - k + 1/2) but for that normal, the binomial
+    interval with the best coverage. The draws match that density, integrated on a grid."""
     import numpy as np
-    from scipy.stats import beta
 
     from harness import elo_fit
 
+    d = np.linspace(-30, 30, 600001)  # arm 0's log-odds over the anchor
+    p_grid = 1 / (1 + np.exp(-d))
     for k, n in ((3, 3), (4, 5), (10, 24)):
         score = np.array([[0.0, k], [n - k, 0.0]])
         games = np.array([[0.0, n], [n, 0.0]])
-        draws = elo_fit.posterior_elo(score, games, 1, 4000, seed=1, l2=1e-6)[:, 0]
+        draws = elo_fit.posterior_elo(score, games, 1, 8000, seed=1)[:, 0]
         p = 1 / (1 + 10 ** (-(draws - 1000) / 400))  # arm 0's chance to beat the anchor
+        # Beta(k + 1/2, n - k + 1/2) in d, times the normal prior on d = theta_0 - theta_1: N(0, 2 / l2).
+        log = (k + 0.5) * np.log(p_grid) + (n - k + 0.5) * np.log1p(-p_grid) - d * d * elo_fit.L2_PENALTY / 4
+        cdf = np.cumsum(np.exp(log - log.max()))
+        cdf /= cdf[-1]
         for q in (0.05, 0.5, 0.95):
-            assert np.quantile(p, q) == pytest.approx(beta.ppf(q, k + 0.5, n - k + 0.5), abs=0.02), (k, n, q)
-        plain = elo_fit.posterior_elo(score, games, 1, 4000, seed=1, l2=1e-6, jeffreys=False)[:, 0]
-        if k == n:  # a flat prior has no upper end for a unanimous record: Jeffreys' is what bounds it
+            assert np.quantile(p, q) == pytest.approx(p_grid[np.searchsorted(cdf, q)], abs=0.015), (k, n, q)
+        plain = elo_fit.posterior_elo(score, games, 1, 8000, seed=1, jeffreys=False)[:, 0]
+        if k == n:  # the normal prior alone leaves a unanimous record's lower end too high
             assert np.quantile(plain, 0.05) > np.quantile(draws, 0.05) + 50
 
 
@@ -527,3 +533,38 @@ def test_cli_elo_starts_without_the_run_machinery_scipy_or_matplotlib(tmp_path: 
     assert run.returncode == 0, run.stderr
     assert "# Elo of 2 arms over 3 tasks" in run.stdout
     assert run.stdout.strip().splitlines()[-1] == "LOADED []"
+
+
+def test_ranking_weight_is_what_a_ranking_of_the_arms_warrants():
+    """A task's pairs come from one ranking (a strength plus Gumbel noise per arm): the weight is
+    3 / (m + 1) for alike arms, 1 for two arms or arms far apart, and matches the score's
+    variance simulated from rankings."""
+    import numpy as np
+
+    from harness import elo_fit
+
+    for m in (2, 3, 4, 6):
+        assert elo_fit.ranking_weight(np.zeros(m)) == pytest.approx(3 / (m + 1) if m > 2 else 1.0)
+    assert elo_fit.ranking_weight(np.array([0.0, 10.0, 20.0, 30.0])) == pytest.approx(1.0, abs=1e-3)
+    theta = np.array([0.0, 1.5, 3.0, -2.0, 4.5])
+    rng = np.random.default_rng(5)
+    u = theta + rng.gumbel(size=(200_000, len(theta)))
+    score = np.zeros_like(u)
+    h = np.zeros((len(theta), len(theta)))
+    for a in range(len(theta)):
+        for b in range(a + 1, len(theta)):
+            p = 1 / (1 + np.exp(theta[b] - theta[a]))
+            y = (u[:, a] > u[:, b]) - p
+            score[:, a] += y
+            score[:, b] -= y
+            h[[a, b], [a, b]] += p * (1 - p)
+            h[a, b] -= p * (1 - p)
+            h[b, a] -= p * (1 - p)
+    j = np.cov(score.T)
+    basis = np.linalg.svd(np.eye(len(theta)) - 1 / len(theta))[0][:, :-1]
+    inv = np.linalg.inv(np.linalg.cholesky(basis.T @ h @ basis))
+    simulated = 1 / np.linalg.eigvalsh(inv @ basis.T @ j @ basis @ inv.T).max()
+    assert elo_fit.ranking_weight(theta) == pytest.approx(simulated, rel=0.02)
+    assert 3 / 6 < elo_fit.ranking_weight(theta) < 1
+    # Never below the weight for alike arms (a close cluster among far ones can ask for less).
+    assert elo_fit.ranking_weight(np.array([0.0, 0.2, 0.3, 2.5, -2.0])) == pytest.approx(3 / 6)
