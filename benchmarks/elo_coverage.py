@@ -5,12 +5,18 @@ Each replication draws the arms' true strengths (log-odds, sd TRUE_SD), then pla
 its strength plus Gumbel noise, so P(i beats j) is exactly Bradley-Terry's and the true Elo of
 every arm over the anchor (arm 0) is known. The outcomes go through the project's own fit
 (elo.fit_component and elo.intervals, what `harness elo` runs on the ledgers; a suite test checks
-that the two agree), once per interval method. Printed per grid cell (arms x workloads x repeats): the share of
-arms whose stated 90% and 95% intervals cover their true Elo, and the intervals' mean width,
-before (the bootstrap over tasks) and after (the Bradley-Terry posterior), side by side.
+that the two agree), once per interval method, on the same tournaments. Printed per grid cell
+(arms x workloads x repeats): the share of arms whose stated 90% and 95% intervals cover their
+true Elo, and the intervals' mean width, for each method side by side; then per method and level
+the cells within +-3 points of nominal, the mean coverage, the worst miss and the mean width.
 
-    python benchmarks/elo_coverage.py                    # the grid, 100 replications a cell
-    python benchmarks/elo_coverage.py --reps 20 --arms 2 --workloads 1 --repeats 2   # one cell
+Methods: "before", the posterior as it was (each task's pairs weighed by 2 / its arms, the
+normal prior alone); "after", `harness elo`'s default (each task's pairs weighed as its ranking
+warrants, elo_fit.ranking_weight; Jeffreys' prior); with --bootstrap also the percentile
+bootstrap over tasks (the method before that; slow).
+
+    python benchmarks/elo_coverage.py                    # the grid, 600 replications a two-arm cell
+    python benchmarks/elo_coverage.py --reps 100 --arms 2 --workloads 1 --repeats 2   # one cell
 """
 from __future__ import annotations
 
@@ -26,10 +32,12 @@ from harness import elo  # noqa: E402
 
 TRUE_SD = 1.0  # log-odds: the spread of the arms' true strengths (about 174 Elo)
 LEVELS = (0.90, 0.95)
-BOOTSTRAP_DRAWS = 200  # per fit of the "before" method: its percentiles are stable to a point
+TARGET = 0.03  # a cell is calibrated when its coverage is within this of nominal
+BOOTSTRAP_DRAWS = 200  # per fit of the bootstrap: its percentiles are stable to a point
 POSTERIOR_DRAWS = 1000
-METHODS = {"before": elo.Settings(interval="bootstrap", draws=BOOTSTRAP_DRAWS),
+METHODS = {"before": elo.Settings(interval="posterior", draws=POSTERIOR_DRAWS, weigh="2/A", jeffreys=False),
            "after": elo.Settings(interval="posterior", draws=POSTERIOR_DRAWS)}
+BOOTSTRAP = {"bootstrap": elo.Settings(interval="bootstrap", draws=BOOTSTRAP_DRAWS)}
 GRID = {"arms": (2, 4, 6), "workloads": (1, 3, 8, 24), "repeats": (1, 3, 5)}
 
 
@@ -59,59 +67,88 @@ def draws_of(u: np.ndarray, settings: elo.Settings) -> np.ndarray | None:
     return elo.fit_component(list(range(u.shape[1])), 0, scores, games, settings)[1]
 
 
-def cell(n_arms: int, workloads: int, repeats: int, reps: int, seed: int = 0) -> dict[str, dict[str, float | None]]:
-    """Coverage and mean width per method and level over reps replications (None: no interval)."""
+def cell(n_arms: int, workloads: int, repeats: int, reps: int, seed: int = 0,
+         methods: dict[str, elo.Settings] = METHODS) -> dict[str, dict[str, float | None]]:
+    """Coverage, its standard error and the mean width per method and level over reps
+    replications (None: no interval). All methods see the same tournaments."""
     rng = np.random.default_rng(seed)
-    hits = {(m, lv): [] for m in METHODS for lv in LEVELS}
-    widths = {(m, lv): [] for m in METHODS for lv in LEVELS}
+    hits = {(m, lv): [] for m in methods for lv in LEVELS}
+    widths = {(m, lv): [] for m in methods for lv in LEVELS}
     for r in range(reps):
         strengths, u = simulate(n_arms, workloads, repeats, rng)
         truth = true_elo(strengths)
-        for m, base in METHODS.items():
-            draws = draws_of(u, elo.Settings(interval=base.interval, draws=base.draws, seed=r))
+        for m, base in methods.items():
+            draws = draws_of(u, elo.Settings(interval=base.interval, draws=base.draws, seed=r, weigh=base.weigh,
+                                             jeffreys=base.jeffreys))
             for lv in LEVELS:
                 for k, ci in enumerate(elo.intervals(draws, lv, n_arms)[1:], 1):
                     if ci is not None:
                         hits[m, lv].append(ci[0] <= truth[k] <= ci[1])
                         widths[m, lv].append(ci[1] - ci[0])
-    return {f"{m} {lv:.0%}": {"coverage": float(np.mean(hits[m, lv])) if hits[m, lv] else None,
-                              "width": float(np.mean(widths[m, lv])) if widths[m, lv] else None}
-            for m in METHODS for lv in LEVELS}
+    out = {}
+    for m in methods:
+        for lv in LEVELS:
+            h = hits[m, lv]
+            # The standard error counts replications, not arms: one tournament's arms share an anchor.
+            out[f"{m} {lv:.0%}"] = {"coverage": float(np.mean(h)) if h else None,
+                                    "se": math.sqrt(lv * (1 - lv) / reps) if h else None,
+                                    "width": float(np.mean(widths[m, lv])) if h else None}
+    return out
 
 
-def _cells(text: dict[str, dict[str, float | None]]) -> str:
+def _cells(result: dict[str, dict[str, float | None]]) -> str:
     out = []
-    for key, v in text.items():
-        out.append("   no interval" if v["coverage"] is None else f"{v['coverage']:6.1%} {v['width']:6.0f}")
-    return " ".join(f"{c:>14}" for c in out)
+    for v in result.values():
+        out.append("no interval" if v["coverage"] is None else f"{v['coverage']:6.1%} {v['width']:5.0f}")
+    return " ".join(f"{c:>13}" for c in out)
+
+
+def summary(results: list[dict[str, dict[str, float | None]]], key: str, level: float) -> dict[str, float]:
+    """Over the cells with an interval: cells within TARGET of nominal, mean coverage, worst miss, mean width."""
+    cov = [r[key]["coverage"] for r in results if r[key]["coverage"] is not None]
+    wid = [r[key]["width"] for r in results if r[key]["coverage"] is not None]
+    miss = [c - level for c in cov]
+    worst = max(miss, key=abs) if miss else 0.0
+    return {"cells": len(cov), "within": sum(abs(m) <= TARGET + 1e-12 for m in miss),
+            "mean": float(np.mean(cov)) if cov else math.nan, "worst": worst,
+            "width": float(np.mean(wid)) if wid else math.nan}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--reps", type=int, default=100, help="replications per cell (arms x workloads x repeats)")
+    parser.add_argument("--reps", type=int, default=600,
+                        help="replications of a two-arm cell (more arms: reps * 3 / (arms + 1))")
+    parser.add_argument("--bootstrap", action="store_true", help="also the bootstrap over tasks (slow)")
     for key, values in GRID.items():
         parser.add_argument(f"--{key}", type=int, nargs="+", default=list(values))
     args = parser.parse_args()
-    print(f"true strengths ~ N(0, {TRUE_SD:g}) log-odds; {args.reps} replications a cell; coverage of the "
-          f"true Elo over the anchor, and mean width (Elo); before: bootstrap over tasks ({BOOTSTRAP_DRAWS} "
-          f"draws), after: Bradley-Terry posterior ({POSTERIOR_DRAWS} draws)")
-    head = " ".join(f"{k:>14}" for k in (f"{m} {lv:.0%}" for m in METHODS for lv in LEVELS))
-    print(f"{'arms':>4} {'workloads':>9} {'repeats':>7} {'tasks':>5} {head}")
+    methods = {**METHODS, **(BOOTSTRAP if args.bootstrap else {})}
+    print(f"true strengths ~ N(0, {TRUE_SD:g}) log-odds; {args.reps} replications a two-arm cell; coverage of the "
+          f"true Elo over the anchor, and mean width (Elo). before: posterior, pairs weighed 2 / arms, normal "
+          f"prior; after: posterior, each task weighed as its ranking warrants, Jeffreys' prior ({POSTERIOR_DRAWS} draws)"
+          + (f"; bootstrap over tasks ({BOOTSTRAP_DRAWS} draws)" if args.bootstrap else ""))
+    keys = [f"{m} {lv:.0%}" for m in methods for lv in LEVELS]
+    print(f"{'arms':>4} {'workloads':>9} {'repeats':>7} {'tasks':>5} {'reps':>4} "
+          + " ".join(f"{k:>13}" for k in keys) + "  (+-se at 90%)")
     t0 = time.monotonic()
-    misses = {lv: [] for lv in LEVELS}
+    results = []
     for a in args.arms:
         for w in args.workloads:
             for r in args.repeats:
-                reps = math.ceil(args.reps * 3 / (a - 1 + 2))  # fewer arms, fewer intervals each: more reps
-                result = cell(a, w, r, reps, seed=1000 * a + 10 * w + r)
-                for lv in LEVELS:
-                    c = result[f"after {lv:.0%}"]["coverage"]
-                    if c is not None:
-                        misses[lv].append(abs(c - lv))
-                print(f"{a:>4} {w:>9} {r:>7} {w * r:>5} {_cells(result)}", flush=True)
-    for lv in LEVELS:
-        if misses[lv]:
-            print(f"after, {lv:.0%}: worst cell {max(misses[lv]):.1%} from nominal, mean {np.mean(misses[lv]):.1%}")
+                # More arms give more intervals a replication (correlated through the anchor): fewer reps.
+                reps = math.ceil(args.reps * 3 / (a + 1))
+                result = cell(a, w, r, reps, seed=1000 * a + 10 * w + r, methods=methods)
+                results.append(result)
+                se = result[keys[0]]["se"]
+                print(f"{a:>4} {w:>9} {r:>7} {w * r:>5} {reps:>4} {_cells(result)}"
+                      + (f"  {se:.1%}" if se is not None else ""), flush=True)
+    print(f"\nover the cells with an interval, within +-{TARGET:.0%} of nominal, mean coverage, worst miss, "
+          f"mean width:")
+    for key in keys:
+        level = float(key.split()[-1].rstrip("%")) / 100
+        s = summary(results, key, level)
+        print(f"  {key:<15} {s['within']:>2} of {s['cells']} cells   mean {s['mean']:.1%}   worst {s['worst']:+.1%}"
+              f"   width {s['width']:.0f}")
     print(f"({time.monotonic() - t0:.0f} s)")
 
 

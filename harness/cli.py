@@ -15,12 +15,17 @@ from rich.text import Text
 
 import sys
 
-from . import __version__, backends, driver, pipeline as pipeline_mod, rerun as rerun_mod, runs, status as status_mod, trainenv
-from . import ledgerguard, track as track_mod
+from . import __version__, backends, ledgerguard
+from .lazy import lazy_function, lazy_module
+
+# Loaded on first use: `harness elo`, `report` and `--help` need none of the run machinery.
+driver, pipeline_mod, rerun_mod, runs, status_mod, trainenv, track_mod = (
+    lazy_module(f"harness.{m}") for m in ("driver", "pipeline", "rerun", "runs", "status", "trainenv", "track"))
 from .cli_display import Display, Watched, literal, summary_text
 from .config import read_repo_settings, resolve, with_run_settings
 from .errors import HarnessError
-from .initrepo import default_tag, init_example, init_repo
+default_tag, init_example, init_repo = (lazy_function("harness.initrepo", f)  # initrepo imports GitPython
+                                        for f in ("default_tag", "init_example", "init_repo"))
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)  # a log line is never cut in two
 

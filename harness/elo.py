@@ -41,7 +41,8 @@ class Settings:
     points: tuple[float, ...] = POINTS
     arm_by: str = "researcher"  # or "folder": each run folder's name is its arm
     interval: str = "posterior"  # or "bootstrap" (over tasks: the method before issue 24)
-    weigh_tasks: bool = True  # the posterior weighs each task's pairs by 2 / its arms
+    weigh: str = "ranking"  # each task's pairs weighed as its ranking warrants (elo.task_weights)
+    jeffreys: bool = True  # the posterior's prior: Jeffreys' times the small normal (False: the normal alone)
 
 
 # ---------------------------------------------------------------------------
@@ -135,8 +136,23 @@ def normalised_cost(records: list[dict[str, Any]], key: str) -> dict[str, float 
     return {a: statistics.fmean(ratios[a]) * scale if a in ratios else None for a in arms}
 
 
+MIN_USD_PER_TASK = 0.01  # below a cent a task, a gain per dollar divides by rounding: none is shown
+
+
 def per_unit(d_elo: float | None, spend: float | None, unit: float = 1.0) -> float | None:
     return None if d_elo is None or not spend or spend <= 0 else d_elo / (spend / unit)
+
+
+def per_dollar(d_elo: float | None, usd: float | None) -> tuple[float | None, str | None]:
+    """(Elo per dollar, None) where the spend is known and at least MIN_USD_PER_TASK; else (None,
+    why not): a gain over a fraction of a cent is a huge number that says nothing."""
+    if d_elo is None:
+        return None, "no Elo"
+    if usd is None:
+        return None, "cost unknown"
+    if usd < MIN_USD_PER_TASK:
+        return None, f"under ${MIN_USD_PER_TASK:g}/task"
+    return d_elo / usd, None
 
 
 # ---------------------------------------------------------------------------
@@ -150,13 +166,34 @@ def _anchor(arms: list[str], members: list[int], agents: dict[str, str | None], 
     return controls[0] if controls else members[0]
 
 
+def task_weights(rule: str, games: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """Each task's weight on its pairs (games: T x A x A of one component, theta its fitted
+    log-strengths). "ranking": elo_fit.ranking_weight at the fit, for the task's own arms (what the
+    coverage benchmark chose: docs/elo.md); "equal": its value for alike arms, 3 / (A + 1);
+    "2/A": the weight before; "none": 1."""
+    arms = [tuple(np.flatnonzero(g.sum(axis=1) > 0)) for g in games]
+    if rule == "none":
+        return np.ones(len(arms))
+    if rule == "2/A":
+        return np.array([2.0 / max(len(a), 2) for a in arms])
+    if rule == "equal":
+        return np.array([3.0 / (max(len(a), 2) + 1) for a in arms])
+    if rule != "ranking":
+        raise ValueError(f"unknown task weight {rule!r}")
+    cache: dict[tuple[int, ...], float] = {}
+    for a in arms:
+        if a not in cache:
+            cache[a] = elo_fit.ranking_weight(theta[list(a)])
+    return np.array([cache[a] for a in arms])
+
+
 def fit_component(members: list[int], anchor: int, scores: np.ndarray, games: np.ndarray,
                   settings: Settings) -> tuple[np.ndarray, np.ndarray | None, int]:
     """Elo, the draws its intervals come from, and the tasks used, of one component of the
     comparison graph (members and anchor index arms). Draws: settings.interval "posterior" (the
-    Bradley-Terry posterior, each task's pairs weighed by 2 / its arms when settings.weigh_tasks)
-    or "bootstrap" (over tasks); none without settings.draws, and none under the posterior from
-    one task (ONE_TASK: a single win, loss or tie per pair says nothing of its own uncertainty)."""
+    Bradley-Terry posterior under Jeffreys' prior, each task's pairs weighed by task_weights) or "bootstrap" (over tasks); none without settings.draws, and none under the
+    posterior from one task (ONE_TASK: a single win, loss or tie per pair says nothing of its own
+    uncertainty)."""
     sub = np.ix_(range(scores.shape[0]), members, members)
     s, g = scores[sub], games[sub]
     used = g.sum(axis=(1, 2)) > 0  # only the tasks that compare arms of this component
@@ -168,12 +205,12 @@ def fit_component(members: list[int], anchor: int, scores: np.ndarray, games: np
         return elo, None, tasks
     if settings.interval == "bootstrap":
         return elo, elo_fit.bootstrap_elo(s, g, a, settings.draws, settings.seed), tasks
-    arms_in = (g.sum(axis=2) > 0).sum(axis=1)  # per task: how many arms it compares
-    # A task ranks its A arms from one night each: its A(A-1)/2 pairs are not independent games;
-    # weighed by 2 / A, they count as A - 1 (what the coverage benchmark calibrates: docs/elo.md).
-    w = (2.0 / np.maximum(arms_in, 2)) if settings.weigh_tasks else np.ones(len(g))
+    # A task ranks its A arms from one result each: its A(A-1)/2 pairs are not independent games.
+    # Weighed by how much they share (elo_fit.ranking_weight, at the fit), the likelihood has the
+    # curvature the ranking warrants (docs/elo.md).
+    w = task_weights(settings.weigh, g, elo_fit.fit_logits(s.sum(axis=0), g.sum(axis=0)))
     draws = elo_fit.posterior_elo(np.tensordot(w, s, axes=1), np.tensordot(w, g, axes=1), a,
-                                  settings.draws, settings.seed)
+                                  settings.draws, settings.seed, jeffreys=settings.jeffreys)
     return elo, draws, tasks
 
 
@@ -208,21 +245,24 @@ def rate(arms: list[str], trajs: list[elo_data.Trajectory], played: pd.DataFrame
         groups.append({"arms": [arms[i] for i in members], "anchor": arms[anchor], "tasks": used})
         for k, i in enumerate(members):
             e = None if elo[k] is None or np.isnan(elo[k]) else float(elo[k])
-            table[arms[i]] = {**record[arms[i]], "component": c, "elo": e,
+            table[arms[i]] = {**record[arms[i]], "component": c, "elo": e, "anchor": i == anchor,
                               "ci": None if cis[k] is None else list(cis[k]),
                               "agent": agents.get(arms[i]), "model": models.get(arms[i])}
     return table, groups
 
 
 def add_cost(table: dict[str, dict[str, Any]], records: list[dict[str, Any]]) -> None:
-    """Tokens and dollars per task (normalised per task), and the gain over the anchor per each."""
+    """Tokens and dollars per task (normalised per task), and the gain over the anchor per each
+    (per dollar only where the cost is known and not trivial: elo_per_usd_note says why not)."""
     for key, name in (("tokens", "tokens_per_task"), ("cost_usd", "usd_per_task")):
         for arm, v in normalised_cost(records, key).items():
             table[arm][name] = v
     for row in table.values():
         gain = None if row["elo"] is None else row["elo"] - elo_fit.ANCHOR_ELO
         row["elo_per_1k_tokens"] = per_unit(gain, row.get("tokens_per_task"), 1000.0)
-        row["elo_per_usd"] = per_unit(gain, row.get("usd_per_task"))
+        row["elo_per_usd"], row["elo_per_usd_note"] = per_dollar(gain, row.get("usd_per_task"))
+        if row["elo"] is not None and row["anchor"]:
+            row["elo_per_usd"], row["elo_per_usd_note"] = None, "the anchor"  # 0 per dollar by definition
 
 
 def analyze(paths: list[Path], settings: Settings = Settings(),
@@ -290,20 +330,38 @@ def elo_by_point(tasks: list[Task], arms: list[str], groups: list[dict[str, Any]
     return out
 
 
+def cost_order(rated: list[dict[str, Any]]) -> str:
+    """"usd" when every rated arm's dollars are known and some are spent, else "tokens"."""
+    usd = [r.get("usd_per_task") for r in rated]
+    return "usd" if usd and all(u is not None for u in usd) and any(u > 0 for u in usd) else "tokens"
+
+
 def marginal(table: dict[str, dict[str, Any]], groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per component, arms ordered by tokens per task: what each step up in cost buys."""
+    """Per component, arms ordered by cost (dollars per task where every arm's are known, else
+    tokens per task: the component's cost_order): what each step up in cost buys."""
     out = []
     for c, group in enumerate(groups):
         rated = [table[a] for a in group["arms"] if table[a]["elo"] is not None]
-        rated.sort(key=lambda r: (r.get("tokens_per_task") or 0.0, r.get("usd_per_task") or 0.0, r["elo"]))
+        group["cost_order"] = order = cost_order(rated)
+        first = "usd_per_task" if order == "usd" else "tokens_per_task"
+        second = "tokens_per_task" if order == "usd" else "usd_per_task"
+        rated.sort(key=lambda r: (r.get(first) or 0.0, r.get(second) or 0.0, r["elo"]))
         prev = None
         for r in rated:
             step = {"arm": r["arm"], "component": c, "vs": None, "d_elo": None, "d_tokens": None,
-                    "d_elo_per_1k_tokens": None}
+                    "d_elo_per_1k_tokens": None, "d_usd": None, "d_elo_per_usd": None, "d_elo_per_usd_note": None}
             if prev is not None:
+                d_elo = r["elo"] - prev["elo"]
                 d_tok = (r.get("tokens_per_task") or 0.0) - (prev.get("tokens_per_task") or 0.0)
-                step.update(vs=prev["arm"], d_elo=r["elo"] - prev["elo"], d_tokens=d_tok,
-                            d_elo_per_1k_tokens=per_unit(r["elo"] - prev["elo"], d_tok, 1000.0))
+                known = r.get("usd_per_task") is not None and prev.get("usd_per_task") is not None
+                d_usd = r["usd_per_task"] - prev["usd_per_task"] if known else None
+                step.update(vs=prev["arm"], d_elo=d_elo, d_tokens=d_tok,
+                            d_elo_per_1k_tokens=per_unit(d_elo, d_tok, 1000.0), d_usd=d_usd)
+                if d_usd is not None and d_usd < 0:
+                    step["d_elo_per_usd_note"] = "cheaper in dollars"
+                else:
+                    step["d_elo_per_usd"], note = per_dollar(d_elo, d_usd)
+                    step["d_elo_per_usd_note"] = f"{note} more" if note and note.startswith("under") else note
             out.append(step)
             prev = r
     return out

@@ -36,7 +36,8 @@ def method(result: dict[str, Any]) -> str:
     """How the intervals were drawn, in words."""
     if result.get("interval") == "bootstrap":
         return f"{result['draws']} bootstrap draws over tasks"
-    return f"{result['draws']} draws of the Bradley-Terry posterior (each task's pairs weighed by 2 / its arms)"
+    return (f"{result['draws']} draws of the Bradley-Terry posterior under Jeffreys' prior (each task's pairs "
+            f"weighed by 3 / (its arms + 1))")
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -61,19 +62,42 @@ def marginal_table(result: dict[str, Any], component: int) -> list[str]:
     return _table(*marginal_rows(result, component))
 
 
+def _per_dollar(value: float | None, note: str | None) -> str:
+    return note if value is None and note else _num(value, "+.0f")
+
+
 def marginal_rows(result: dict[str, Any], component: int) -> tuple[list[str], list[list[str]]]:
     arms = {a["arm"]: a for a in result["arms"]}
+    by_usd = result["components"][component].get("cost_order") == "usd"
     rows = []
     for step in (s for s in result["marginal"] if s["component"] == component):
         a = arms[step["arm"]]
-        plus = "—" if step["vs"] is None else (
-            f"{step['d_elo']:+.0f} for {'+' if step['d_tokens'] >= 0 else '-'}{_tokens(abs(step['d_tokens']))} "
-            f"vs {step['vs']}" + ("" if step["d_elo_per_1k_tokens"] is None
-                                  else f" ({step['d_elo_per_1k_tokens']:+.1f}/1k)"))
-        rows.append([a["arm"], _tokens(a.get("tokens_per_task")), _usd(a.get("usd_per_task")),
+        if step["vs"] is None:
+            plus = "—"
+        elif by_usd:
+            per = step["d_elo_per_usd"]
+            plus = (f"{step['d_elo']:+.0f} for +{_usd(step['d_usd'])} vs {step['vs']}"
+                    + (f" ({per:+.0f}/$)" if per is not None else f" ({step['d_elo_per_usd_note']})"))
+        else:
+            plus = (f"{step['d_elo']:+.0f} for {'+' if step['d_tokens'] >= 0 else '-'}"
+                    f"{_tokens(abs(step['d_tokens']))} vs {step['vs']}"
+                    + ("" if step["d_elo_per_1k_tokens"] is None else f" ({step['d_elo_per_1k_tokens']:+.1f}/1k)"))
+        rows.append([a["arm"], _usd(a.get("usd_per_task")), _tokens(a.get("tokens_per_task")),
                      _num(a["win_rate"], ".0%"), f"{_num(a['elo'])} {_ci(a['ci'])}",
-                     _num(a["elo_per_1k_tokens"], "+.1f"), _num(a["elo_per_usd"], "+.0f"), plus])
-    return ["arm", "tokens/task", "$/task", "win rate", "Elo", "Elo/1k tokens", "Elo/$", "+Elo for +tokens"], rows
+                     _per_dollar(a.get("elo_per_usd"), a.get("elo_per_usd_note")),
+                     _num(a["elo_per_1k_tokens"], "+.1f"), plus])
+    return ["arm", "$/task", "tokens/task", "win rate", "Elo", "Elo/$", "Elo/1k tokens",
+            "+Elo for +$" if by_usd else "+Elo for +tokens"], rows
+
+
+def cost_heading(result: dict[str, Any], component: int) -> str:
+    """What the cost table is ordered by, and why when it is not dollars."""
+    if result["components"][component].get("cost_order") == "usd":
+        return "cheapest in dollars first"
+    rated = [a for a in result["arms"] if a["component"] == component and a["elo"] is not None]
+    unknown = [a["arm"] for a in rated if a.get("usd_per_task") is None]
+    why = f"the dollars of {', '.join(unknown)} are unknown" if unknown else "no arm spent dollars"
+    return f"fewest tokens first: {why}"
 
 
 def budget_table(result: dict[str, Any]) -> list[str]:
@@ -144,7 +168,8 @@ def markdown(result: dict[str, Any]) -> str:
         lines += [f"## {title}Ratings (anchor: {group['anchor']} = {result['anchor_elo']:.0f})", "",
                   *ratings_table(result, members), ""]
         if len(members) > 1:
-            lines += [f"## {title}Cost and marginal gain (cheapest first; spend per task normalised per task)", "",
+            lines += [f"## {title}Cost and marginal gain ({cost_heading(result, c)}; spend per task normalised "
+                      f"per task)", "",
                       *marginal_table(result, c), ""]
     if len(arms) > 1:
         lines += ["## Head to head (the row's wins-losses-ties against the column)", "", *pairwise_table(result), ""]
@@ -179,6 +204,13 @@ def report_blocks(result: dict[str, Any] | None) -> list[tuple]:
 # Plots
 
 
+def _margins(fig, left: float, bottom: float, right: float = 0.15, top: float = 0.35, **gaps: float) -> None:
+    """Fixed margins in inches (a layout engine would draw the figure once more to measure it:
+    most of the plots' time)."""
+    w, h = fig.get_size_inches()
+    fig.subplots_adjust(left=left / w, bottom=bottom / h, right=1 - right / w, top=1 - top / h, **gaps)
+
+
 def _png(fig) -> bytes:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
@@ -197,7 +229,8 @@ def elo_vs_tokens(result: dict[str, Any]) -> bytes | None:
     spent = sorted((a for a in rated if (a.get("tokens_per_task") or 0) > 0), key=lambda a: a["tokens_per_task"])
     if not spent:
         return None
-    fig = Figure(figsize=(7.0, 4.2), layout="constrained")
+    fig = Figure(figsize=(7.0, 4.2))
+    _margins(fig, left=0.75, bottom=0.55, top=0.15)
     ax = fig.add_subplot()
     for a in spent:
         lo, hi = a["ci"] if a["ci"] else (a["elo"], a["elo"])
@@ -225,7 +258,8 @@ def curves(result: dict[str, Any]) -> bytes | None:
     names = [a["arm"] for a in result["arms"]]
     cols = min(3, len(tasks))
     rows = math.ceil(len(tasks) / cols)
-    fig = Figure(figsize=(4.2 * cols, 3.0 * rows), layout="constrained")
+    fig = Figure(figsize=(4.2 * cols, 3.0 * rows))
+    _margins(fig, left=0.6, bottom=0.5, hspace=0.55, wspace=0.3)
     for k, t in enumerate(tasks):
         ax = fig.add_subplot(rows, cols, k + 1)
         for arm, points in t["curves"].items():

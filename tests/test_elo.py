@@ -199,7 +199,53 @@ def test_marginal_gain_table_is_ordered_by_cost(tmp_path: Path):
     assert arms["big"]["elo_per_1k_tokens"] == pytest.approx((arms["big"]["elo"] - 1000) / 40.0)
     assert arms["control"]["elo_per_1k_tokens"] is None  # it spent no tokens
     text = elo_render.markdown(result)
-    assert "| small | 8.0k | $0.0080 |" in text and "vs weak" in text
+    assert "Cost and marginal gain (cheapest in dollars first" in text  # every arm's dollars are known
+    assert "| small | $0.0080 | 8.0k |" in text and "vs weak" in text
+    # Per dollar only where the cost is known and not trivial: big spends $0.40 a task, small under a cent.
+    assert arms["big"]["elo_per_usd"] == pytest.approx((arms["big"]["elo"] - 1000) / 0.4)
+    assert (arms["small"]["elo_per_usd"], arms["small"]["elo_per_usd_note"]) == (None, "under $0.01/task")
+    assert (arms["control"]["elo_per_usd"], arms["control"]["elo_per_usd_note"]) == (None, "the anchor")
+    assert steps[3]["d_usd"] == pytest.approx(0.4 - 0.008)
+    assert steps[3]["d_elo_per_usd"] == pytest.approx((arms["big"]["elo"] - arms["small"]["elo"]) / 0.392)
+    assert steps[2]["d_elo_per_usd"] is None and steps[2]["d_elo_per_usd_note"] == "under $0.01/task more"
+    row = next(line for line in text.splitlines() if line.startswith("| small | $0.0080"))
+    assert "| under $0.01/task |" in row
+
+
+def test_cli_cost_table_is_ordered_by_dollars_with_per_dollar_figures_only_where_they_mean_something(
+        tmp_path: Path):
+    """A long-winded cheap model (most tokens, fewest dollars) comes first; a model that spends a
+    fraction of a cent gets no Elo/$ (it said -30806), an unpriced one sends the order to tokens."""
+    commit = commit_of("dollars")
+    arms = {"chatty": ("m-cheap", 0.95, 50_000, 0.02), "terse": ("m-dear", 0.93, 5_000, 0.50),
+            "frugal": ("m-tiny", 0.97, 20_000, 0.0001)}
+    for t in range(3):
+        for arm, (model, final, tokens, usd) in arms.items():
+            write_ledger(tmp_path / "d" / f"r{t}" / arm / "results.tsv", arm=arm, agent="codex", model=model,
+                         baseline_commit=commit, baseline=1.0, repeat=t + 1, tokens_per_row=tokens,
+                         usd_per_row=usd, values=[("discard", 1.01), ("keep", final + 0.001 * t)])
+    result = harness(["elo", tmp_path / "d", "--anchor", "frugal", "--bootstrap", 100])
+    assert result.exit_code == 0, result.output
+    section = result.stdout.split("## Cost and marginal gain", 1)[1].split("##", 1)[0]
+    assert section.startswith(" (cheapest in dollars first;")
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| arm")]
+    assert [r.split(" | ")[0][2:] for r in rows] == ["frugal", "chatty", "terse"]  # $0.0002, $0.04, $1.00 a task
+    assert [r.split(" | ")[2] for r in rows] == ["40.0k", "100.0k", "10.0k"]  # not the tokens' order
+    cells = {r.split(" | ")[0][2:]: r.split(" | ")[5] for r in rows}
+    assert cells["frugal"] == "the anchor"
+    assert cells["chatty"].startswith("+") and cells["terse"].startswith("+")  # both beat the anchor
+    assert "+Elo for +$" in section and "vs frugal" in rows[1]
+    data = json.loads(harness(["elo", tmp_path / "d", "--anchor", "chatty", "--bootstrap", 0, "--json"]).stdout)
+    frugal = by_arm(data)["frugal"]
+    assert frugal["elo"] < 1000 and frugal["elo_per_usd"] is None and frugal["elo_per_usd_note"] == "under $0.01/task"
+    assert data["components"][0]["cost_order"] == "usd"
+    # An arm whose dollars are unknown (an unpriced model): ordered by tokens, and the heading says why.
+    write_ledger(tmp_path / "d" / "r0" / "local" / "results.tsv", arm="local", agent="openai", model="q",
+                 baseline_commit=commit, baseline=1.0, repeat=1, tokens_per_row=1000, usd_per_row=None,
+                 values=[("keep", 0.99)])
+    result = harness(["elo", tmp_path / "d", "--bootstrap", 0])
+    assert "(fewest tokens first: the dollars of local are unknown;" in result.stdout
+    assert "| local | unknown | " in result.stdout and "| cost unknown |" in result.stdout
 
 
 # ---------------------------------------------------------------------------
@@ -349,7 +395,7 @@ def test_maximized_metrics_and_unknown_costs(tmp_path: Path):
     assert arms["y"]["wins"] == 1 and arms["y"]["elo"] > arms["x"]["elo"]  # higher is better here
     assert arms["x"]["usd_per_task"] == pytest.approx(0.02)
     assert arms["y"]["usd_per_task"] is None and arms["y"]["elo_per_usd"] is None  # an unpriced model
-    assert "| y | 1.0k | unknown |" in elo_render.markdown(result)
+    assert "| y | unknown | 1.0k |" in elo_render.markdown(result)
 
 
 def test_arm_and_task_identity_rules(tmp_path: Path):
@@ -398,16 +444,24 @@ def test_the_coverage_benchmarks_smallest_configuration_is_what_harness_elo_runs
             write_ledger(tmp_path / f"r{t + 1}" / f"arm{a}" / "results.tsv", arm=f"arm{a}", agent="codex",
                          model=f"m{a}", baseline_commit=commit, baseline=1.0, repeat=t + 1,
                          values=[("discard", 1.01), ("keep", final)])
-    for method in ("posterior", "bootstrap"):
-        result = analyze([tmp_path], draws=300, level=0.9, points=(1.0,), interval=method)
+    default = elo.Settings()
+    after = bench.METHODS["after"]
+    assert (after.interval, after.weigh, after.jeffreys) == (default.interval, default.weigh, default.jeffreys)
+    for name, method in {**bench.METHODS, **bench.BOOTSTRAP}.items():
+        settings = dict(interval=method.interval, weigh=method.weigh, jeffreys=method.jeffreys)
+        result = analyze([tmp_path], draws=300, level=0.9, points=(1.0,), **settings)
         assert [a["arm"] for a in result["arms"]] == ["arm0", "arm1"] and len(result["tasks"]) == 2
-        draws = bench.draws_of(u, elo.Settings(interval=method, draws=300, seed=0))
+        draws = bench.draws_of(u, elo.Settings(draws=300, seed=0, **settings))
         expected = elo.intervals(draws, 0.9, 2)
-        assert by_arm(result)["arm1"]["ci"] == pytest.approx(list(expected[1]))
+        assert by_arm(result)["arm1"]["ci"] == pytest.approx(list(expected[1])), name
     cell = bench.cell(2, 1, 2, reps=10)
     assert set(cell) == {"before 90%", "before 95%", "after 90%", "after 95%"}
-    assert all(0 <= v["coverage"] <= 1 and v["width"] > 0 for k, v in cell.items() if k.startswith("after"))
-    assert bench.cell(2, 1, 1, reps=3)["after 90%"] == {"coverage": None, "width": None}  # one task
+    assert all(0 <= v["coverage"] <= 1 and v["width"] > 0 and v["se"] > 0 for v in cell.values())
+    assert cell["after 90%"]["width"] < cell["after 95%"]["width"]
+    assert bench.cell(2, 1, 1, reps=3)["after 90%"] == {"coverage": None, "se": None, "width": None}  # one task
+    s = bench.summary([cell, bench.cell(2, 1, 1, reps=3)], "after 90%", 0.9)
+    assert s["cells"] == 1 and s["mean"] == cell["after 90%"]["coverage"]
+    assert s["within"] == (abs(cell["after 90%"]["coverage"] - 0.9) <= bench.TARGET)
 
 
 def test_one_task_says_no_interval_instead_of_a_zero_width_one(tmp_path: Path):
@@ -435,3 +489,82 @@ def test_consistency_of_repeats_per_pair_and_arm(tmp_path: Path):
     assert {s["arm"] for s in c["spread"]} == {"control", "strong", "coin"}
     assert all(s["repeats"] == 6 and s["min"] <= s["mean"] <= s["max"] for s in c["spread"])
     assert "## Consistency of repeats" in elo_render.markdown(result)
+
+
+def test_two_arm_posterior_is_jeffreys_beta_posterior_on_the_win_rate():
+    """With two arms the posterior's prior is Jeffreys' Beta(1/2, 1/2) on P(win) (times the fit's
+    small normal): k wins of n give Beta(k + 1/2, n - k + 1/2) but for that normal, the binomial
+    interval with the best coverage. The draws match that density, integrated on a grid."""
+    import numpy as np
+
+    from harness import elo_fit
+
+    d = np.linspace(-30, 30, 600001)  # arm 0's log-odds over the anchor
+    p_grid = 1 / (1 + np.exp(-d))
+    for k, n in ((3, 3), (4, 5), (10, 24)):
+        score = np.array([[0.0, k], [n - k, 0.0]])
+        games = np.array([[0.0, n], [n, 0.0]])
+        draws = elo_fit.posterior_elo(score, games, 1, 8000, seed=1)[:, 0]
+        p = 1 / (1 + 10 ** (-(draws - 1000) / 400))  # arm 0's chance to beat the anchor
+        # Beta(k + 1/2, n - k + 1/2) in d, times the normal prior on d = theta_0 - theta_1: N(0, 2 / l2).
+        log = (k + 0.5) * np.log(p_grid) + (n - k + 0.5) * np.log1p(-p_grid) - d * d * elo_fit.L2_PENALTY / 4
+        cdf = np.cumsum(np.exp(log - log.max()))
+        cdf /= cdf[-1]
+        for q in (0.05, 0.5, 0.95):
+            assert np.quantile(p, q) == pytest.approx(p_grid[np.searchsorted(cdf, q)], abs=0.015), (k, n, q)
+        plain = elo_fit.posterior_elo(score, games, 1, 8000, seed=1, jeffreys=False)[:, 0]
+        if k == n:  # the normal prior alone leaves a unanimous record's lower end too high
+            assert np.quantile(plain, 0.05) > np.quantile(draws, 0.05) + 50
+
+
+def test_cli_elo_starts_without_the_run_machinery_scipy_or_matplotlib(tmp_path: Path):
+    """`harness elo` took 33 s of CPU for six ledgers: a plain run imports neither the driver's
+    machinery (lazy in cli.py), nor scipy, nor matplotlib (only --out draws plots);
+    benchmarks/elo_speed.py times it."""
+    import subprocess
+
+    tournament(tmp_path / "t", FOUR[:2], workloads=1, repeats=3, seed=4)
+    probe = ("import sys\nfrom harness.cli import main\n"
+             f"main(['elo', {str(tmp_path / 't')!r}, '--bootstrap', '50'], standalone_mode=False)\n"
+             "heavy = ('scipy', 'matplotlib', 'sklearn', 'harness.step', 'harness.executors', 'harness.agents')\n"
+             "print('LOADED', sorted(m for m in heavy if m in sys.modules))\n")
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert run.returncode == 0, run.stderr
+    assert "# Elo of 2 arms over 3 tasks" in run.stdout
+    assert run.stdout.strip().splitlines()[-1] == "LOADED []"
+
+
+def test_ranking_weight_is_what_a_ranking_of_the_arms_warrants():
+    """A task's pairs come from one ranking (a strength plus Gumbel noise per arm): the weight is
+    3 / (m + 1) for alike arms, 1 for two arms or arms far apart, and matches the score's
+    variance simulated from rankings."""
+    import numpy as np
+
+    from harness import elo_fit
+
+    for m in (2, 3, 4, 6):
+        assert elo_fit.ranking_weight(np.zeros(m)) == pytest.approx(3 / (m + 1) if m > 2 else 1.0)
+    assert elo_fit.ranking_weight(np.array([0.0, 10.0, 20.0, 30.0])) == pytest.approx(1.0, abs=1e-3)
+    theta = np.array([0.0, 1.5, 3.0, -2.0, 4.5])
+    rng = np.random.default_rng(5)
+    u = theta + rng.gumbel(size=(200_000, len(theta)))
+    score = np.zeros_like(u)
+    h = np.zeros((len(theta), len(theta)))
+    for a in range(len(theta)):
+        for b in range(a + 1, len(theta)):
+            p = 1 / (1 + np.exp(theta[b] - theta[a]))
+            y = (u[:, a] > u[:, b]) - p
+            score[:, a] += y
+            score[:, b] -= y
+            h[[a, b], [a, b]] += p * (1 - p)
+            h[a, b] -= p * (1 - p)
+            h[b, a] -= p * (1 - p)
+    j = np.cov(score.T)
+    basis = np.linalg.svd(np.eye(len(theta)) - 1 / len(theta))[0][:, :-1]
+    inv = np.linalg.inv(np.linalg.cholesky(basis.T @ h @ basis))
+    simulated = 1 / np.linalg.eigvalsh(inv @ basis.T @ j @ basis @ inv.T).max()
+    assert elo_fit.ranking_weight(theta) == pytest.approx(simulated, rel=0.02)
+    assert 3 / 6 < elo_fit.ranking_weight(theta) < 1
+    # Never below the weight for alike arms (a close cluster among far ones can ask for less).
+    assert elo_fit.ranking_weight(np.array([0.0, 0.2, 0.3, 2.5, -2.0])) == pytest.approx(3 / 6)
