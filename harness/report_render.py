@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from . import elo_render
+from . import elo_render, testsplit
 
 STATUS_COLORS = {"keep": "#2ca02c", "discard": "#ff7f0e", "crash": "#d62728", "timeout": "#9467bd",
                  "invalid": "#7f7f7f", "skip": "#bcbd22", "budget": "#17becf", "repeat": "#aec7e8"}
@@ -183,6 +183,7 @@ def blocks(summary: dict[str, Any], images: dict[str, Any]) -> list[tuple]:
     out += [("p", line) for line in summary["verdict"]["text"]]
     out.append(("h2", "Side by side"))
     out.append(("table", ["", *[f["label"] for f in summary.get("pooled") or arms]], table_rows(summary)))
+    out += testsplit.blocks(summary)  # validation vs test, per arm
     out += consistency_blocks(summary)
     out += elo_render.report_blocks(summary.get("elo"))
     out.append(("h2", "Plots"))
