@@ -119,40 +119,37 @@ class Scorer:
     def on(self) -> bool:
         return bool(self.cfg.test_command)
 
-    def poll(self) -> None:
-        """--test-every N: after every N keeps, the best so far (at most one scoring per call)."""
-        if not self.on or not self.cfg.test_every or time.monotonic() - self.looked < POLL_S:
+    def poll(self, now: bool = False) -> None:
+        """--test-every N: the commit kept N-th, 2N-th, ... (the best so far then), each once."""
+        if not self.on or not self.cfg.test_every or (not now and time.monotonic() - self.looked < POLL_S):
             return
         self.looked = time.monotonic()
         rows = ledger.read_rows(self.cfg.ledger_path)
-        keeps = sum(1 for r in rows[1:] if r.get("status") == "keep")
-        due = keeps // self.cfg.test_every * self.cfg.test_every
-        done = {int(r["keeps"]) for r in read(self.cfg.run_dir) if r.get("keeps") is not None
-                and r["point"].startswith("every")}
-        if due and due not in done and not self.cancel.is_set():
-            self.score_points(f"every {self.cfg.test_every} keeps", rows, keeps=due)
+        kept = [r for r in rows if r.get("status") == "keep"][1:]  # after the baseline's
+        n = self.cfg.test_every
+        for m in range(n, len(kept) + 1, n):
+            if self.cancel.is_set():
+                return
+            self.score_points([(self.ctx.wt.resolve(str(kept[m - 1]["commit"])), f"every {n} keeps", m)], rows)
 
     def at_end(self) -> None:
         """The end of the run (not a stop by a signal): the baseline and the final best."""
         if self.on and not self.cancel.is_set():
-            self.score_points("end", ledger.read_rows(self.cfg.ledger_path))
+            self.poll(now=True)  # the --test-every points the run's last keeps left
+            rows = ledger.read_rows(self.cfg.ledger_path)
+            kept = sum(1 for r in rows if r.get("status") == "keep") - 1
+            self.score_points([(self.state.best_commit, "end", max(0, kept))], rows)
 
-    def score_points(self, point: str, rows: list[dict[str, Any]], keeps: int | None = None) -> None:
-        best = self.state.best_commit
+    def score_points(self, wanted: list[tuple[str, str, int]], rows: list[dict[str, Any]]) -> None:
+        """The baseline, then each (commit, point, keeps) of wanted, unless already scored."""
         base = self.state.baseline_commit
-        kept = sum(1 for r in rows[1:] if r.get("status") == "keep")
-        have = read(self.cfg.run_dir)
-        for commit, label in ((base, "baseline"), (best, point)):
+        for commit, point, keeps in [(base, "baseline", 0), *wanted]:
             if not commit or self.cancel.is_set():
                 continue
-            old = scored(have, commit)
-            if old is not None:
-                if label != "baseline" and keeps is not None and old.get("keeps") != keeps:
-                    upsert(self.cfg.run_dir, {**old, "point": label, "keeps": float(keeps)})  # the same figure
-                continue
-            self.score(commit, "baseline" if commit == base else label, rows,
-                       keeps if keeps is not None else (0 if commit == base else kept))
             have = read(self.cfg.run_dir)
+            if scored(have, commit) is not None:
+                continue
+            self.score(commit, "baseline" if _same(commit, base) else point, rows, 0 if _same(commit, base) else keeps)
 
     def score(self, commit: str, point: str, rows: list[dict[str, Any]], keeps: int) -> dict[str, Any]:
         from .step import train  # the run's executor, its trusted baseline
