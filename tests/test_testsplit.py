@@ -217,3 +217,26 @@ def test_kill_9_while_the_best_is_scored_then_resume_scores_each_commit_once(tmp
     keeps = [r for r in ledger.read_rows(run_dir / "results.tsv") if r["status"] == "keep"]
     assert [t["test"] for t in after] == pytest.approx([2.0 - k["metric"] for k in keeps])
     assert len(ledger.read_rows(run_dir / "results.tsv")) == 2
+
+
+def test_the_tracker_gets_the_test_figures_once(tmp_path: Path, monkeypatch):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    repo = foreign(tmp_path, with_test=True)
+    monkeypatch.chdir(tmp_path)
+    out = harness(["run", "--repo", repo, "--tag", "tr", "--agent", "mutate", "--iterations", "3",
+                   "--baseline-runs", "1", "--gate", "strict", "--health-every", "0", "--track", "mlflow"])
+    assert out.exit_code == 0, out.output
+    run_dir = repo / "runs" / "tr"
+    scores = {t["commit"][:12]: t for t in testsplit.read(run_dir)}
+    assert scores and all(t["test"] is not None for t in scores.values())
+    harness(["track", run_dir])  # a back-fill afterwards logs nothing twice
+    client = MlflowClient(tracking_uri=f"sqlite:///{repo / 'runs/mlflow.db'}")
+    exp = client.get_experiment_by_name("tr")
+    runs = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("harness.split") == "test"]
+    assert sorted(r.data.tags["commit"][:12] for r in runs) == sorted(scores)
+    for r in runs:
+        t = scores[r.data.tags["commit"][:12]]
+        assert r.data.metrics["test_val_bpb"] == pytest.approx(t["test"])
+        assert r.data.metrics["val_bpb"] == pytest.approx(t["val"])
