@@ -183,7 +183,6 @@ def blocks(summary: dict[str, Any], images: dict[str, Any]) -> list[tuple]:
     out += [("p", line) for line in summary["verdict"]["text"]]
     out.append(("h2", "Side by side"))
     out.append(("table", ["", *[f["label"] for f in summary.get("pooled") or arms]], table_rows(summary)))
-    out += testsplit.blocks(summary)  # validation vs test, per arm
     out += consistency_blocks(summary)
     out += elo_render.report_blocks(summary.get("elo"))
     out.append(("h2", "Plots"))
@@ -194,6 +193,7 @@ def blocks(summary: dict[str, Any], images: dict[str, Any]) -> list[tuple]:
                       ("best_vs_cost", "best-so-far against cumulative cost")):
         if name in images:
             out.append(("img", images[name], alt))
+    out += testsplit.blocks(summary)  # validation vs test, per arm
     out.append(("h2", "Kept changes, in order"))
     for f in arms:
         out.append(("h3", f["label"]))

@@ -255,6 +255,9 @@ def blocks(summary: dict[str, Any]) -> list[tuple]:
     if not arms:
         return []
     out: list[tuple] = [("h2", "Validation vs test")]
+    if all(t.get("status") == "validation-only" for _, t in arms):
+        return out + [("p", "Validation-only: no workload here names a `test_command`, so how much of each gain is "
+                            "selection on the validation split is unknown (docs/report.md).")]
 
     def num(v: Any, signed: bool = True) -> str:
         return "unknown" if v is None else (f"{v:+.6g}" if signed else f"{v:.6f}")

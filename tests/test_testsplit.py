@@ -137,8 +137,11 @@ def test_a_foreign_workload_without_test_command_is_validation_only(tmp_path: Pa
     out = harness(["report", cfg.run_dir])
     assert out.exit_code == 0, out.output
     md = (cfg.run_dir / "report.md").read_text()
-    assert "| f | +0.2 | unknown | unknown | unknown | unknown | validation-only" in md
-    assert "the figure is validation-only (no `test_command`" in md
+    section = md.split("## Validation vs test", 1)[1].split("\n## ", 1)[0]
+    assert "Validation-only: no workload here names a `test_command`" in section
+    summary = json.loads((cfg.run_dir / "summary.json").read_text())
+    assert summary["arms"][0]["test_split"]["status"] == "validation-only"
+    assert summary["arms"][0]["test_split"]["val_improvement"] == pytest.approx(0.2)
 
 
 def test_a_foreign_test_command_scores_the_best_every_n_keeps_and_says_when_the_gain_does_not_carry(tmp_path: Path):
