@@ -257,7 +257,7 @@ class RunDriver:
             for lane in self.lanes:
                 self.start_lane(lane)
         checked = time.monotonic()
-        tests = testsplit.Scorer(self.ctx, self.state, self.cancel, self.progress)  # the private test split
+        tests = testsplit.Scorer(self.ctx, self.state, self.cancel, self.progress, self.lock)  # the private test split
         while any(lane.thread.is_alive() for lane in self.lanes if lane.thread is not None):
             if self.n_lanes is None and time.monotonic() - checked >= LANES_CHECK_S:
                 self.follow_slots()

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from . import events, figures, ledger, ledgerguard, track
+from .errors import RepoError
 
 TEST_FILE = "test_scores.tsv"
 COLUMNS = ("commit", "point", "iteration", "keeps", "val", "val_rerun", "test", "seed", "train_s", "test_s",
@@ -48,11 +49,9 @@ def path_of(run_dir: Path) -> Path:
 
 
 def read(run_dir: Path) -> list[dict[str, Any]]:
-    """The rows of test_scores.tsv (numbers as floats, empty as None); [] when there is none."""
-    path = path_of(run_dir)
-    data = ledgerguard.read_trusted(path) if path.exists() else None
-    if data is None:
-        data = path.read_bytes() if path.exists() else b""
+    """The rows of test_scores.tsv (numbers as floats, empty as None); [] when there is none.
+    RepoError when it was changed or deleted behind the harness's back (its sha256 record)."""
+    data = ledgerguard.read_trusted(path_of(run_dir)) or b""
     out = []
     for raw in csv.DictReader(io.StringIO(data.decode("utf-8", "replace")), delimiter="\t"):
         row: dict[str, Any] = {}
@@ -89,8 +88,23 @@ def write(run_dir: Path, rows: list[dict[str, Any]]) -> None:
 
 def upsert(run_dir: Path, row: dict[str, Any]) -> None:
     """Add row, or replace the row of the same commit (a failed scoring tried again)."""
-    rows = [r for r in read(run_dir) if not _same(r["commit"], row["commit"])]
+    rows = [r for r in read_or_restart(run_dir) if not _same(r["commit"], row["commit"])]
     write(run_dir, [*rows, row])
+
+
+def read_or_restart(run_dir: Path) -> list[dict[str, Any]]:
+    """read(), for the harness's own writes: a file changed behind its back is set aside (an event)
+    and its commits scored again, never believed."""
+    try:
+        return read(run_dir)
+    except RepoError as e:
+        path = path_of(run_dir)
+        if path.exists():
+            path.replace(path.with_name(f"{TEST_FILE}.tampered"))
+        ledgerguard.write_trusted(path, ("\t".join(COLUMNS) + "\n").encode())
+        events.record(run_dir, "test_scores_refused", f"{str(e)[:300]}; set aside as {TEST_FILE}.tampered, "
+                                                      f"its commits are scored again")
+        return []
 
 
 def _same(a: str, b: str) -> bool:
@@ -109,8 +123,10 @@ def scored(rows: list[dict[str, Any]], commit: str) -> dict[str, Any] | None:
 class Scorer:
     """Scores the baseline and the best of one run on the test split (RunDriver: poll, at_end)."""
 
-    def __init__(self, ctx: Any, state: Any, cancel: threading.Event, progress: Any = None):
+    def __init__(self, ctx: Any, state: Any, cancel: threading.Event, progress: Any = None,
+                 lock: Any = None):
         self.ctx, self.state, self.cancel = ctx, state, cancel
+        self.lock = lock or threading.RLock()  # the run's: its ledger, best and worktree
         self.cfg = ctx.cfg
         self.progress = progress
         self.looked = 0.0
@@ -124,21 +140,23 @@ class Scorer:
         if not self.on or not self.cfg.test_every or (not now and time.monotonic() - self.looked < POLL_S):
             return
         self.looked = time.monotonic()
-        rows = ledger.read_rows(self.cfg.ledger_path)
-        kept = [r for r in rows if r.get("status") == "keep"][1:]  # after the baseline's
         n = self.cfg.test_every
-        for m in range(n, len(kept) + 1, n):
-            if self.cancel.is_set():
-                return
-            self.score_points([(self.ctx.wt.resolve(str(kept[m - 1]["commit"])), f"every {n} keeps", m)], rows)
+        with self.lock:
+            rows = ledger.read_rows(self.cfg.ledger_path)
+            kept = [r for r in rows if r.get("status") == "keep"][1:]  # after the baseline's
+            due = [(self.ctx.wt.resolve(str(kept[m - 1]["commit"])), f"every {n} keeps", m)
+                   for m in range(n, len(kept) + 1, n)]
+        self.score_points(due, rows)
 
     def at_end(self) -> None:
         """The end of the run (not a stop by a signal): the baseline and the final best."""
         if self.on and not self.cancel.is_set():
             self.poll(now=True)  # the --test-every points the run's last keeps left
-            rows = ledger.read_rows(self.cfg.ledger_path)
-            kept = sum(1 for r in rows if r.get("status") == "keep") - 1
-            self.score_points([(self.state.best_commit, "end", max(0, kept))], rows)
+            with self.lock:
+                rows = ledger.read_rows(self.cfg.ledger_path)
+                kept = sum(1 for r in rows if r.get("status") == "keep") - 1
+                best = self.state.best_commit
+            self.score_points([(best, "end", max(0, kept))], rows)
 
     def score_points(self, wanted: list[tuple[str, str, int]], rows: list[dict[str, Any]]) -> None:
         """The baseline, then each (commit, point, keeps) of wanted, unless already scored."""
@@ -146,8 +164,7 @@ class Scorer:
         for commit, point, keeps in [(base, "baseline", 0), *wanted]:
             if not commit or self.cancel.is_set():
                 continue
-            have = read(self.cfg.run_dir)
-            if scored(have, commit) is not None:
+            if scored(read_or_restart(self.cfg.run_dir), commit) is not None:
                 continue
             self.score(commit, "baseline" if _same(commit, base) else point, rows, 0 if _same(commit, base) else keeps)
 
@@ -220,7 +237,11 @@ def for_report(run_dir: Path, rows: list[dict[str, Any]], metric: str, direction
         return out
     base, best = str(keeps[0].get("commit") or ""), str(keeps[-1].get("commit") or "")
     out["baseline_commit"], out["best_commit"] = base[:12], best[:12]
-    tests = read(run_dir)
+    try:
+        tests = read(run_dir)
+    except RepoError:
+        out["status"] = f"refused: {TEST_FILE} was changed after the harness wrote it"
+        return out
     out["points"] = [{k: r[k] for k in ("point", "commit", "keeps", "val", "test", "note")} for r in tests]
     b, e = scored(tests, base), scored(tests, best)
     out["test_baseline"] = b and b["test"]
@@ -301,7 +322,11 @@ def tracker_records(run_dir: Path, tag: str, metric: str) -> list[Any]:
     from .track.records import Record
 
     out = []
-    for r in read(run_dir):
+    try:
+        rows = read(run_dir)
+    except RepoError:  # changed behind the harness's back: the run's next scoring sets it aside
+        return []
+    for r in rows:
         if r.get("test") is None:
             continue
         metrics = {f"test_{metric}": r["test"]}

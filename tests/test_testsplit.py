@@ -243,3 +243,39 @@ def test_the_tracker_gets_the_test_figures_once(tmp_path: Path, monkeypatch):
         t = scores[r.data.tags["commit"][:12]]
         assert r.data.metrics["test_val_bpb"] == pytest.approx(t["test"])
         assert r.data.metrics["val_bpb"] == pytest.approx(t["val"])
+
+
+def test_test_scores_changed_behind_the_harness_are_refused_then_scored_again(tmp_path: Path):
+    repo = foreign(tmp_path, with_test=True)
+    settings = {"iterations": 1, "baseline_runs": 1, "gate": "strict", "health_every": 0}
+    cfg = resolve(repo, "t", settings)
+    driver.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.8}]))
+    path = testsplit.path_of(cfg.run_dir)
+    honest = path.read_text()
+    path.write_text(honest.replace("\t1.200000\t", "\t0.100000\t"))  # a better test figure for the best
+    out = harness(["report", cfg.run_dir])
+    assert out.exit_code == 0, out.output
+    md = (cfg.run_dir / "report.md").read_text()
+    assert "refused: test_scores.tsv was changed after the harness wrote it" in md and "0.100000" not in md
+    driver.run(resolve(repo, "t", settings), resume=True, researcher=ScriptedResearcher([]))
+    assert path.read_text().split("\n")[1:] != [] and "0.100000" not in path.read_text()
+    assert [t["test"] for t in testsplit.read(cfg.run_dir)] == pytest.approx([1.0, 1.2])
+    assert (cfg.run_dir / "test_scores.tsv.tampered").read_text().count("0.100000") == 1
+    assert "test_scores_refused" in (cfg.run_dir / "events.log").read_text()
+
+
+def test_each_arm_of_an_ab_is_scored_and_the_ab_report_has_a_row_per_arm(tmp_path: Path):
+    repo = foreign(tmp_path, with_test=True)
+    out = harness(["ab", "--repo", repo, "--tag", "ab", "--agent", "mutate", "--iterations", "2",
+                   "--baseline-runs", "1", "--gate", "strict", "--health-every", "0"])
+    assert out.exit_code == 0, out.output
+    run_dir = repo / "runs" / "ab"
+    for arm in ("a", "b"):
+        keeps = [r for r in ledger.read_rows(run_dir / arm / "results.tsv") if r["status"] == "keep"]
+        scores = {t["commit"][:12]: t["test"] for t in testsplit.read(run_dir / arm)}
+        assert scores == {k["commit"]: pytest.approx(2.0 - k["metric"]) for k in (keeps[0], keeps[-1])}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [a["test_split"]["status"] for a in summary["arms"]] == ["scored", "scored"]
+    md = (run_dir / "report.md").read_text()
+    section = md.split("## Validation vs test", 1)[1].split("\n## ", 1)[0]
+    assert section.count("| a: no model (mutate) |") == 1 and section.count("| b: no model (mutate) |") == 1
