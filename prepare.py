@@ -7,11 +7,16 @@ The researcher may never change this file; train.py imports it.
     python prepare.py --download NAME            # fetch a public parquet corpus (see DOWNLOADS)
     python prepare.py --export-train DIR         # the harness: the training split alone, for the job
     python prepare.py --evaluate                 # the harness: score the model in $HARNESS_OUTPUT_DIR
+    python prepare.py --evaluate --split test    # the harness: score it once on the private test split
 
 Under the harness, train.py never sees the validation bytes: it trains on the split in
 $HARNESS_DATA_DIR, saves its model with save_model(), and the harness scores that model with
 `prepare.py --evaluate` in a separate sandboxed process, from prepare.py as committed at the
 baseline (docs/robustness.md). Run alone, train.py is scored in-process as well.
+
+A test split, held out before the validation split, is read by `--evaluate --split test` alone:
+no training job, no researcher and no keep decision sees it. The harness scores the baseline and
+the best on it once, at the end of a run, to tell how much of the validation gain carries over.
 
 Then select a prepared dataset with HARNESS_DATASET=NAME (default: the bundled shakespeare).
 
@@ -37,7 +42,7 @@ import torch.nn.functional as F
 _clock = time.monotonic  # bound now: rebinding time.monotonic later does not move this clock
 # What this module measured itself; report() signs these, not what its caller claims.
 _STATE = {"imported": _clock(), "train_start": None, "eval_start": None, "val_bpb": None,
-          "in_eval": False, "val_outside_eval": False}
+          "in_eval": False, "val_outside_eval": False, "in_test": False}
 
 # -----------------------------------------------------------------------------
 # The rules of the game
@@ -50,6 +55,7 @@ TRAIN_DATA_DIR = os.environ.get("HARNESS_DATA_DIR")  # set by the harness: the t
 OUTPUT_DIR = os.environ.get("HARNESS_OUTPUT_DIR")  # set by the harness: where save_model() writes
 VOCAB_SIZE = 256  # bytes
 VAL_BYTES = 524_288  # tail of the corpus held out for validation (at most a tenth of it)
+TEST_BYTES = 524_288  # held out just before the validation bytes, for the test split (at most a tenth)
 EVAL_BYTES = {"cpu": 32_768, "cuda": 524_288}  # bytes scored by evaluate_bpb, fixed per device type
 MIN_DATASET_BYTES = 100_000  # smaller corpora make the metric meaningless
 DOC_SEPARATOR = b"\x00"  # between documents of a folder or parquet corpus; never occurs in text
@@ -61,6 +67,7 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 BUNDLED_XZ = DATA_DIR / "shakespeare.txt.xz"
 BUNDLED_SHA256 = "da68ca4e8201d41a12c1d5e82d967bda85105f1dabe823d5735138bccabdd387"  # of the decompressed text
 BUNDLED_VAL_SHA256 = "284886ad23e0cd7583eb03c2046a31440457ba716e709ce40b2f88a64524baef"  # of its last VAL_BYTES
+BUNDLED_TEST_SHA256 = "11f18d4f8ba08b922aa66ab0f7ce61de8a462138a805ce4e4c206a3a64929259"  # of the TEST_BYTES before
 REBUILD_HINT = "Rebuild it with: python scripts/build_data.py"
 
 CACHE_DIR = Path(os.environ.get("HARNESS_CACHE_DIR", Path.home() / ".cache" / "autoresearch-harness"))
@@ -94,7 +101,8 @@ def _sha256_file(path: Path) -> str:
 # -----------------------------------------------------------------------------
 # Loading a split
 
-def _load_bundled() -> tuple[bytes, bytes]:
+def _load_bundled() -> tuple[bytes, bytes, bytes]:
+    """(train, val, test): the corpus is train | test | val, val its last VAL_BYTES."""
     if not BUNDLED_XZ.exists():
         _fail(f"{BUNDLED_XZ} is missing. {REBUILD_HINT}")
     try:
@@ -104,25 +112,31 @@ def _load_bundled() -> tuple[bytes, bytes]:
     digest = hashlib.sha256(text).hexdigest()
     if digest != BUNDLED_SHA256:
         _fail(f"{BUNDLED_XZ} has sha256 {digest} after decompression, expected {BUNDLED_SHA256}. {REBUILD_HINT}")
-    train, val = text[:-VAL_BYTES], text[-VAL_BYTES:]
+    train, test, val = text[:-VAL_BYTES - TEST_BYTES], text[-VAL_BYTES - TEST_BYTES:-VAL_BYTES], text[-VAL_BYTES:]
     if hashlib.sha256(val).hexdigest() != BUNDLED_VAL_SHA256:  # VAL_BYTES was changed: the metric would be too
         _fail("the validation split of the bundled corpus changed; restore prepare.py")
-    return train, val
+    if hashlib.sha256(test).hexdigest() != BUNDLED_TEST_SHA256:
+        _fail("the test split of the bundled corpus changed; restore prepare.py")
+    return train, val, test
 
 
-def _load_prepared(name: str) -> tuple[bytes, bytes]:
+def _load_prepared(name: str) -> tuple[bytes, bytes, bytes | None]:
+    """(train, val, test); test is None for a dataset prepared before the test split existed."""
     folder = CACHE_DIR / "datasets" / name
     if not (folder / "meta.json").exists():
         _fail(f"dataset {name!r} is not prepared in {folder}. "
               f"Run: python prepare.py --data PATH --name {name}  (or --download {name})")
     meta = json.loads((folder / "meta.json").read_text())
     splits = []
-    for split in ("train", "val"):
+    for split in ("train", "val", "test"):
+        if split == "test" and "test_sha256" not in meta:
+            splits.append(None)
+            continue
         data = (folder / f"{split}.bin").read_bytes()
         if hashlib.sha256(data).hexdigest() != meta[f"{split}_sha256"]:
             _fail(f"{folder / f'{split}.bin'} does not match meta.json. Prepare the dataset {name!r} again.")
         splits.append(data)
-    return splits[0], splits[1]
+    return splits[0], splits[1], splits[2]
 
 
 def _load_exported(folder: Path) -> bytes:
@@ -139,7 +153,7 @@ def _load_exported(folder: Path) -> bytes:
 
 def export_train(dest: Path) -> dict:
     """Write the selected dataset's training split alone (the harness gives it to the job)."""
-    train, _ = _load_bundled() if DATASET == "shakespeare" else _load_prepared(DATASET)
+    train = _load_corpus()[0]
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "train.bin").write_bytes(train)
     meta = {"dataset": DATASET, "train_bytes": len(train), "train_sha256": hashlib.sha256(train).hexdigest()}
@@ -147,22 +161,35 @@ def export_train(dest: Path) -> dict:
     return meta
 
 
+def _load_corpus() -> tuple[bytes, bytes, bytes | None]:
+    return _load_bundled() if DATASET == "shakespeare" else _load_prepared(DATASET)
+
+
 _SPLITS: dict = {}  # (split, device) -> uint8 tensor, loaded once per process
 
 
 def load_split(split: str, device="cpu") -> torch.Tensor:
-    """The bytes of `split` ("train" or "val") of the selected dataset, as a uint8 tensor on `device`."""
+    """The bytes of `split` ("train" or "val") of the selected dataset, as a uint8 tensor on `device`.
+    The test split is for the harness's test evaluation (`--evaluate --split test`) alone."""
+    if split == "test" and not _STATE["in_test"]:
+        _fail("the test split is read only by the harness's test evaluation (prepare.py --evaluate --split "
+              "test), never by training or tuning; train.py may only use load_split/get_batch on 'train'")
     if split == "val" and not _STATE["in_eval"]:
         _STATE["val_outside_eval"] = True  # only evaluate_bpb may read the validation bytes
     if not _SPLITS:  # first use: load and verify the corpus once
         if TRAIN_DATA_DIR is not None:
-            train, val = _load_exported(Path(TRAIN_DATA_DIR)), None
+            train, val, test = _load_exported(Path(TRAIN_DATA_DIR)), None, None
         else:
-            train, val = _load_bundled() if DATASET == "shakespeare" else _load_prepared(DATASET)
+            train, val, test = _load_corpus()
         _SPLITS[("train", "cpu")] = torch.frombuffer(bytearray(train), dtype=torch.uint8)
         if val is not None:
             _SPLITS[("val", "cpu")] = torch.frombuffer(bytearray(val), dtype=torch.uint8)
             _SPLITS["val_sha256"] = hashlib.sha256(val).hexdigest()
+        if test is not None and _STATE["in_test"]:  # never kept in a process that trains
+            _SPLITS[("test", "cpu")] = torch.frombuffer(bytearray(test), dtype=torch.uint8)
+    if split == "test" and ("test", "cpu") not in _SPLITS:
+        _fail(f"the dataset {DATASET!r} has no test split (prepared before test splits existed, or under the "
+              f"harness's training split alone); prepare it again: python prepare.py --data PATH --name {DATASET}")
     if split == "val" and ("val", "cpu") not in _SPLITS:
         _fail("the validation bytes are not available to the training job (HARNESS_DATA_DIR holds the "
               "training split alone): the harness scores the model that save_model() writes")
@@ -547,8 +574,10 @@ def load_model(folder: Path, device):
     return deserialize(artifact).module(), int(meta["batch_size"]), int(meta["seq_len"])
 
 
-def evaluate_saved(output_dir: Path) -> dict:
-    """The harness's separate evaluation: score the model a training job saved, on the validation bytes."""
+def evaluate_saved(output_dir: Path, split: str = "val") -> dict:
+    """The harness's separate evaluation: score the model a training job saved, on the validation
+    bytes (or, split "test", once on the test bytes: the figure is written under the metric's name,
+    the contract of evaluate_command)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     folder = output_dir / MODEL_DIR
     if not (folder / "program.json").exists():
@@ -558,9 +587,9 @@ def evaluate_saved(output_dir: Path) -> dict:
         module, batch_size, seq_len = load_model(folder, device)
     except Exception as e:  # noqa: BLE001 - whatever the job saved, a file that does not load is refused
         _refuse([f"the saved model cannot be loaded: {type(e).__name__}: {str(e)[:300]}"])
-    _STATE["in_eval"] = True
-    val = load_split("val", device)
-    _STATE["in_eval"] = False
+    _STATE["in_eval"] = _STATE["in_test"] = split == "val", split == "test"
+    val = load_split(split, device)
+    _STATE["in_eval"] = _STATE["in_test"] = False
     try:
         bpb, causal = score(module, val, seq_len, batch_size, device)
     except NotFinite as e:
@@ -599,7 +628,8 @@ def _documents(path: Path):
 
 
 def prepare_dataset(sources: list[Path], name: str) -> dict:
-    """Concatenate the documents, hold out the last bytes for validation, and cache both splits."""
+    """Concatenate the documents, hold out the last bytes for validation and those before them for
+    the test split, and cache the three splits."""
     folder = CACHE_DIR / "datasets" / name
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / "all.bin.tmp"
@@ -613,15 +643,18 @@ def prepare_dataset(sources: list[Path], name: str) -> dict:
     if total < MIN_DATASET_BYTES:
         tmp.unlink()
         _fail(f"{name}: {total:,} bytes of text, need at least {MIN_DATASET_BYTES:,}")
-    val_bytes = min(VAL_BYTES, total // 10)
+    val_bytes, test_bytes = min(VAL_BYTES, total // 10), min(TEST_BYTES, total // 10)
     with open(tmp, "r+b") as f:  # split by cutting the tail off, so no second copy of the corpus
         f.seek(total - val_bytes)
         (folder / "val.bin").write_bytes(f.read())
-        f.truncate(total - val_bytes)
+        f.seek(total - val_bytes - test_bytes)
+        (folder / "test.bin").write_bytes(f.read(test_bytes))
+        f.truncate(total - val_bytes - test_bytes)
     tmp.replace(folder / "train.bin")
     meta = {"name": name, "sources": [str(s) for s in sources], "vocab_size": VOCAB_SIZE,
-            "train_bytes": total - val_bytes, "val_bytes": val_bytes,
-            "train_sha256": _sha256_file(folder / "train.bin"), "val_sha256": _sha256_file(folder / "val.bin")}
+            "train_bytes": total - val_bytes - test_bytes, "val_bytes": val_bytes, "test_bytes": test_bytes,
+            "train_sha256": _sha256_file(folder / "train.bin"), "val_sha256": _sha256_file(folder / "val.bin"),
+            "test_sha256": _sha256_file(folder / "test.bin")}
     (folder / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return meta
 
@@ -680,11 +713,15 @@ def main() -> None:
     parser.add_argument("--export-train", nargs="?", const="", metavar="DIR",
                         help="write the training split alone to DIR (default $HARNESS_OUTPUT_DIR)")
     parser.add_argument("--evaluate", action="store_true", help="score the model in $HARNESS_OUTPUT_DIR")
+    parser.add_argument("--split", choices=("val", "test"), default="val",
+                        help="with --evaluate: the split to score (test: the private test split)")
     args = parser.parse_args()
+    if args.split != "val" and not args.evaluate:
+        _fail("--split goes with --evaluate: python prepare.py --evaluate --split test")
     if args.evaluate:
         if OUTPUT_DIR is None:
             _fail("--evaluate scores the model in $HARNESS_OUTPUT_DIR; set it to the training job's output folder")
-        evaluate_saved(Path(OUTPUT_DIR))
+        evaluate_saved(Path(OUTPUT_DIR), args.split)
         return
     if args.export_train is not None:
         dest = args.export_train or OUTPUT_DIR
@@ -706,10 +743,11 @@ def main() -> None:
             _fail(f"unknown corpus {args.download!r}; known: {', '.join(DOWNLOADS)} (or give --url)")
         meta = download_dataset(args.name or args.download, urls, sha256s)
     else:
-        train, val = _load_bundled()
-        print(f"bundled corpus OK: {len(train):,} train bytes, {len(val):,} val bytes")
+        train, val, test = _load_bundled()
+        print(f"bundled corpus OK: {len(train):,} train bytes, {len(val):,} val bytes, {len(test):,} test bytes")
         return
-    print(f"prepared {meta['name']!r}: {meta['train_bytes']:,} train bytes, {meta['val_bytes']:,} val bytes "
+    print(f"prepared {meta['name']!r}: {meta['train_bytes']:,} train bytes, {meta['val_bytes']:,} val bytes, "
+          f"{meta['test_bytes']:,} test bytes "
           f"in {CACHE_DIR / 'datasets' / meta['name']}")
     print(f"use it with: HARNESS_DATASET={meta['name']} python train.py")
 
@@ -718,7 +756,7 @@ def main() -> None:
 _PRISTINE = {name: (dict(value) if isinstance(value, dict) else value) for name, value in globals().items()
              if (name.isupper() and not name.startswith("_"))
              or name in ("_clock", "load_split", "get_batch", "evaluate_bpb", "report",
-                         "_load_bundled", "_load_prepared", "_integrity_problems", "_is_causal", "_refuse", "score",
+                         "_load_bundled", "_load_prepared", "_load_corpus", "_integrity_problems", "_is_causal", "_refuse", "score",
                          "_windows", "_losses", "_finite", "NotFinite",
                          "_same")}
 _CROSS_ENTROPY, _LOG = F.cross_entropy, math.log

@@ -62,6 +62,9 @@ def run_options(fn):
                      help="Kill a training job with no output for this many minutes (default 20)."),
         click.option("--health-every", type=int, default=None,
                      help="Health checkpoint every N iterations (default 25; 0 = none)."),
+        click.option("--test-every", type=int, default=None,
+                     help="Score the best so far on the private test split every N keeps, beside the end of "
+                          "the run (default 0: at the end only; the figure never decides; docs/report.md)."),
         click.option("--on-unhealthy", type=click.Choice(["stop", "continue"]), default=None,
                      help="At a failed health check: stop (default) or continue."),
         click.option("--keep-ties/--no-keep-ties", default=None, help="Keep a candidate that equals the best."),

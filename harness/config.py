@@ -59,6 +59,8 @@ WORKLOAD_DEFAULTS: dict[str, Any] = {
     "agent_network": True,  # let the sandboxed researcher reach the network (its API); off for a cmd: that needs none
     "evaluate_command": None,  # the metric from this command, run after the job from the baseline's files
     "train_data_command": None,  # writes the training split for the job (HARNESS_OUTPUT_DIR); the data is hidden
+    "test_command": None,  # the private test split's figure (evaluate_command's contract); never decides (testsplit.py)
+    "test_every": 0,  # keeps between test scorings of the best so far; 0 = at the end of the run only
     "executor": "local",  # where training jobs run: local (this machine's GPUs) | ray (a Ray cluster)
     "ray_address": None,  # the Ray cluster; None = $RAY_ADDRESS, else "auto"
     "job_resources": None,  # Ray resources per job, e.g. {"GPU": 1} (the default) or {"CPU": 1}
@@ -150,10 +152,10 @@ def _check_value(key: str, value: Any) -> Any:
     if key in ("network", "agent_network"):
         want(isinstance(value, bool), "true or false")
         return value
-    if key in ("evaluate_command", "train_data_command"):
+    if key in ("evaluate_command", "train_data_command", "test_command"):
         want(value is None or (isinstance(value, str) and value.strip() != ""), "a command line")
         return value
-    if key == "health_every":
+    if key in ("health_every", "test_every"):
         want(isinstance(value, int) and not isinstance(value, bool) and value >= 0, "a non-negative integer")
         return value
     if key == "track":
@@ -326,6 +328,9 @@ class RunConfig:
     agent_network: bool = True
     evaluate_command: str | None = None
     train_data_command: str | None = None
+    test_command: str | None = None
+    test_every: int = 0  # keeps
+    score_test: bool = False  # internal: this job's model is scored on the test split too (testsplit.py)
     executor: str = "local"  # see WORKLOAD_DEFAULTS (executors/)
     ray_address: str | None = None
     job_resources: dict[str, float] | None = None
@@ -445,7 +450,7 @@ MEASURED = ("editable", "protected", "train_command", "metric", "direction", "ti
             "gate", "min_delta", "z", "keep_ties", "confirm", "sealed", "policy")
 # Limits and pacing: they may change between sessions; the change is recorded as an event.
 LIMITS = ("hours", "iterations", "max_tokens", "max_cost", "kill_after", "agent_timeout", "stall_after",
-          "health_every", "on_unhealthy", "history_rows", "pipeline", "gpus", *LIMIT_KEYS)
+          "health_every", "on_unhealthy", "history_rows", "pipeline", "gpus", "test_every", *LIMIT_KEYS)
 FLAGS = {"time_budget": "--time-budget", "max_steps": "--max-steps", "min_delta": "--min-delta",
          "keep_ties": "--keep-ties/--no-keep-ties"}
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import decide, disk, events, faults, health, ledger, recovery, runs, stops, supervise
+from . import decide, disk, events, faults, health, ledger, recovery, runs, stops, supervise, testsplit
 from .config import RunConfig
 from .executors import Executor, make_executor
 from .gitgate import GitGate, data_files
@@ -257,11 +257,15 @@ class RunDriver:
             for lane in self.lanes:
                 self.start_lane(lane)
         checked = time.monotonic()
+        tests = testsplit.Scorer(self.ctx, self.state, self.cancel, self.progress, self.lock)  # the private test split
         while any(lane.thread.is_alive() for lane in self.lanes if lane.thread is not None):
             if self.n_lanes is None and time.monotonic() - checked >= LANES_CHECK_S:
                 self.follow_slots()
                 checked = time.monotonic()
+            tests.poll()
             time.sleep(POLL_S)
+        if self.error is None and self.steps is None:  # the run ends here (not one `harness step`)
+            tests.at_end()
 
     def start_lane(self, lane: Lane) -> None:
         lane.thread = threading.Thread(target=self._guarded, args=(self.lane_loop, lane), daemon=True,

@@ -54,7 +54,8 @@ EXAMPLE_FILES = ("train.py", "prepare.py", "program.md", "data/shakespeare.txt.x
 
 # The bundled workload's metric comes from a separate evaluation of the saved model (docs/robustness.md).
 EXAMPLE_EVALUATION = ('evaluate_command = "python prepare.py --evaluate"\n'
-                      'train_data_command = "python prepare.py --export-train"\n')
+                      'train_data_command = "python prepare.py --export-train"\n'
+                      'test_command = "python prepare.py --evaluate --split test"  # the private test split\n')
 
 def default_tag(repo: Path | None = None, prefix: str = "") -> str:
     """A new run's name: month, day and time, e.g. dec01-093512; -2, -3, ... when a run of

@@ -23,10 +23,12 @@ FIXED = "the data, time budget and evaluation in prepare.py are fixed; improve t
 # while a foreign train.py may have to do those things itself.
 SEALED_RULES: tuple[tuple[str, str], ...] = (
     (r"HARNESS_\w*", "reads or sets a HARNESS_* variable; use TIME_BUDGET, MAX_STEPS and SEED from prepare"),
-    (r"\bdata/|\.xz\b|\blzma\b|\bshakespeare\b|\b(DATA_DIR|BUNDLED_\w+|CACHE_DIR|_SPLITS|_load_bundled|_load_prepared|_STATE)\b|\b(train|val)\.bin\b",
+    (r"\bdata/|\.xz\b|\blzma\b|\bshakespeare\b|\b(DATA_DIR|BUNDLED_\w+|CACHE_DIR|_SPLITS|_load_bundled|_load_prepared|_load_corpus|_STATE)\b|\b(train|val|test)\.bin\b",
      "reads the dataset files or prepare's caches directly; get training data through get_batch('train', ...)"),
     (r"""(load_split|get_batch)\s*\(\s*(split\s*=\s*)?['"]val['"]|['"]val['"]""",
      "uses the validation split; train and tune on 'train' only, the harness scores validation once"),
+    (r"""(load_split|get_batch)\s*\(\s*(split\s*=\s*)?['"]test['"]""",
+     "uses the test split; train and tune on 'train' only, the harness alone scores the test split"),
     # a blob has to be decoded: train.py, which gets its data from prepare, never decodes anything
     (r"\b(base64|binascii|codecs|zlib|gzip|bz2|lzma|zipfile|tarfile|pickle|marshal|shelve)\b|\.fromhex\s*\(|"
      r"\b(unhexlify|frombuffer|b(16|32|64|85)decode|a85decode)\b",

@@ -18,7 +18,7 @@ from .executors import sandbox
 from . import decide, events, figures, ledger, spend
 from .errors import HarnessError
 from .report_diff import changed_names
-from . import repeats, report_verdict
+from . import repeats, report_verdict, testsplit
 
 FAILED = ("crash", "timeout", "invalid")
 SHOWN_STATUSES = ("keep", "discard", "crash", "timeout", "invalid")
@@ -317,6 +317,11 @@ def summarize(paths: list[Path]) -> tuple[dict[str, Any], list[ArmData]]:
     }
     summary["consistency"] = repeats.for_report(pooled, figs, summary["convergent"]["per_arm"])
     summary["verdict"]["text"] += summary["consistency"]["disagree"]
+    for a, f in zip(arms, figs):  # the private test split beside the validation figures (testsplit.py)
+        f["test_split"] = testsplit.for_report(a.ledger.parent, a.rows, a.metric, a.direction,
+                                               _read_json(a.ledger.parent / "run.json").get("config", {}),
+                                               f["noise_sigma"])
+    summary["verdict"]["text"] += testsplit.warnings([(f["label"], f["test_split"]) for f in figs])
     if len(arms) > 1:
         from . import elo
 

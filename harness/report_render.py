@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from . import elo_render
+from . import elo_render, testsplit
 
 STATUS_COLORS = {"keep": "#2ca02c", "discard": "#ff7f0e", "crash": "#d62728", "timeout": "#9467bd",
                  "invalid": "#7f7f7f", "skip": "#bcbd22", "budget": "#17becf", "repeat": "#aec7e8"}
@@ -193,6 +193,7 @@ def blocks(summary: dict[str, Any], images: dict[str, Any]) -> list[tuple]:
                       ("best_vs_cost", "best-so-far against cumulative cost")):
         if name in images:
             out.append(("img", images[name], alt))
+    out += testsplit.blocks(summary)  # validation vs test, per arm
     out.append(("h2", "Kept changes, in order"))
     for f in arms:
         out.append(("h3", f["label"]))

@@ -41,6 +41,7 @@ class TrainResult:
     idle_cpus: float | None = None  # mean CPUs the machine left idle while it ran (/proc/stat), of `cpus`
     cpus: int = 0  # the CPUs it could run on
     stall_s: float | None = None  # s its most-delayed thread waited on a run queue (limits.Stalls)
+    test_metrics: dict = field(default_factory=dict)  # a test job's figure on the test split (never decides)
 
     def value(self, metric: str) -> float | None:
         """The metric of an ok job only: a crash's, a timeout's or an invalid job's figures are the

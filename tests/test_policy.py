@@ -26,6 +26,8 @@ x, y = get_batch("train", 32, 64, "cpu", g)
     ("F.cross_entropy = lambda *a, **k: 0\n", "replaces a library function"),
     ('raw = open("data/shakespeare.txt.xz", "rb").read()\n', "dataset files"),
     ('x, y = get_batch("val", 32, 64, "cpu", g)\n', "validation split"),
+    ('x, y = get_batch("test", 32, 64, "cpu", g)\n', "test split"),
+    ('t = load_split(split="test")\n', "test split"),
     ('print("val_bpb: 0.01")\n', "prints a result block"),
     ('print("---")\n', "prints a result block"),
 ])

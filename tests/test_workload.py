@@ -112,6 +112,20 @@ def test_bundled_corpus_matches_its_pinned_hash():
     assert 5_000_000 < len(text) < 5_100_000 and text.isascii()
 
 
+def test_the_test_split_is_pinned_and_read_by_its_evaluation_alone(work):
+    text = lzma.decompress((ROOT / "data" / "shakespeare.txt.xz").read_bytes())
+    test = text[-2 * 524_288:-524_288]  # train | test | val
+    assert f'BUNDLED_TEST_SHA256 = "{hashlib.sha256(test).hexdigest()}"' in (ROOT / "prepare.py").read_text()
+    proc = run(work, "prepare.py")
+    assert proc.returncode == 0 and "524,288 val bytes, 524,288 test bytes" in proc.stdout
+    source = (work / "train.py").read_text()
+    (work / "train.py").write_text(source.replace('get_batch("train", BATCH_SIZE', 'get_batch("test", BATCH_SIZE'))
+    proc = run(work, "train.py", HARNESS_MAX_STEPS=2)  # even run alone, nothing trains on the test split
+    assert proc.returncode != 0 and "the test split is read only by the harness's test evaluation" in proc.stderr
+    proc = run(work, "prepare.py", "--split", "test")
+    assert proc.returncode != 0 and "--split goes with --evaluate" in proc.stderr
+
+
 def test_corrupted_corpus_is_refused(work):
     xz = bytearray((work / "data" / "shakespeare.txt.xz").read_bytes())
     xz[len(xz) // 2: len(xz) // 2 + 4] = bytes(b ^ 0xFF for b in xz[len(xz) // 2: len(xz) // 2 + 4])
@@ -190,8 +204,11 @@ def test_prepare_data_then_train_on_it(work, tmp_path, kind):
     assert "HARNESS_DATASET=mine" in proc.stdout
     folder = tmp_path / "cache" / "datasets" / "mine"
     train, val = (folder / "train.bin").read_bytes(), (folder / "val.bin").read_bytes()
-    assert train + val == expected and len(val) == len(expected) // 10
-    assert json.loads((folder / "meta.json").read_text())["val_sha256"] == hashlib.sha256(val).hexdigest()
+    test = (folder / "test.bin").read_bytes()  # held out before the validation bytes
+    assert train + test + val == expected and len(val) == len(test) == len(expected) // 10
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["val_sha256"] == hashlib.sha256(val).hexdigest()
+    assert meta["test_sha256"] == hashlib.sha256(test).hexdigest() and meta["test_bytes"] == len(test)
 
     if kind == "parquet":  # the three kinds make the same files: one training on them is enough
         proc = run(work, "train.py", HARNESS_MAX_STEPS=3, HARNESS_DATASET="mine")

@@ -13,6 +13,9 @@
    the job never saw, and the command runs there, sandboxed, with the job's output folder
    read-only; its result file, in a folder only it can write, is the metric (`sealed` = yes).
    Without one (a foreign workload): the printed block is the metric, `sealed` = no.
+6. for a test job (cfg.score_test, testsplit.py) with `test_command`: the same, once more, from
+   another fresh copy of the baseline's files, on the private test split; its figure is the
+   result's `test_metrics`, which no decision reads.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ import shutil
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from .. import disk, events, guard, seal, trust
 from ..config import RunConfig
@@ -55,12 +58,19 @@ class Space:
     def eval_out(self) -> Path: return self.root / "eval-out"
     @property
     def evaluator(self) -> Path: return self.root / "evaluator"
+    @property
+    def test_tmp(self) -> Path: return self.root / "test-tmp"
+    @property
+    def test_out(self) -> Path: return self.root / "test-out"
+    @property
+    def tester(self) -> Path: return self.root / "tester"
 
 
 def fresh_space(log_path: Path) -> Space:
     space = Space(log_path.with_suffix(".job"))
     shutil.rmtree(space.root, ignore_errors=True)
-    for folder in (space.tmp, space.out, space.eval_tmp, space.eval_out, space.evaluator):
+    for folder in (space.tmp, space.out, space.eval_tmp, space.eval_out, space.evaluator, space.test_tmp,
+                   space.test_out, space.tester):
         folder.mkdir(parents=True)
     return space
 
@@ -149,7 +159,8 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
     space = fresh_space(log_path)
     extra = {"HARNESS_TIME_BUDGET": f"{cfg.time_budget:g}", "HARNESS_SEED": str(seed),
              "HARNESS_RESULT_FILE": str(result_file)}
-    if cfg.evaluate_command:  # where the job leaves what the evaluation scores
+    testing = cfg.score_test and bool(cfg.test_command)
+    if cfg.evaluate_command or testing:  # where the job leaves what the evaluation scores
         extra["HARNESS_OUTPUT_DIR"] = str(space.out)
     extra.update(job_env or {})
     if cfg.max_steps is not None:
@@ -205,6 +216,8 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
     result = judged
     if cfg.evaluate_command and result.status == "ok":
         result = evaluate(cfg, worktree, space, base, choice, result, log_path, cancel)
+    if testing and result.status == "ok":
+        result = replace(result, test_metrics=score_test(cfg, worktree, space, base, choice, log_path, cancel))
     shutil.rmtree(space.root, ignore_errors=True)  # the saved model can be large; the logs stay
     return result
 
@@ -322,22 +335,11 @@ def evaluate(cfg: RunConfig, worktree: Path, space: Space, base: str, choice: sa
 
     It has its own deadline (limits.eval_deadline), bounds (limits.of) and the job's cancel event;
     a failed evaluation's row carries no figure of the job's metric."""
-    materialise(worktree, base, cfg.protected, space.evaluator)
-    result_file = space.eval_out / "result.json"
     eval_log = log_path.with_suffix(".eval.log")
-    env = harness_env({"HARNESS_OUTPUT_DIR": str(space.out), "HARNESS_RESULT_FILE": str(result_file)})
-    hidden = [p for p in (cfg.run_dir, cfg.repo / "runs", cfg.repo / ".git", view.HARNESS_PACKAGE, Path(worktree))
-              if p.exists()]
-    wrap = wrapper(choice, worktree=space.evaluator, tmp_dir=space.eval_tmp, output_dir=space.eval_out,
-                   readonly=[space.out, view.data_cache()], hidden=hidden, network=False)
-    where = state_dir(cfg, log_path)
     with Worktree(worktree) as wt:
         at_base = wt.head() == base
-    deadline_s, why = limits.eval_deadline(cfg.eval_kill_after, where, base, at_base)
-    bounds = limits.of(cfg, where).watching(private_tmp=space.eval_tmp, output_folder=space.eval_out)
-    done = run_training(cfg.evaluate_command, space.evaluator, env, eval_log, cfg.metric, kill_after_s=deadline_s,
-                        wrap=wrap, cancel=cancel, limits=bounds)
-    figures = _read(result_file)
+    done, figures, why = run_scorer(cfg, cfg.evaluate_command, worktree, space, base, choice, log_path, eval_log,
+                                    (space.evaluator, space.eval_tmp, space.eval_out), at_base, cancel)
     logged = {k: v for k, v in job.metrics.items()  # the job's own figures: a log, never the metric
               if k != cfg.metric and isinstance(v, float)}
     job = replace(job, metrics=logged)  # whatever the evaluation says, the job's printed metric is gone
@@ -355,10 +357,51 @@ def evaluate(cfg: RunConfig, worktree: Path, space: Space, base: str, choice: sa
                        reason=f"the evaluation gave no finite {cfg.metric} ({done.reason or 'no result file'}): "
                               f"{tail(eval_log, 400)}")
     if at_base:
-        limits.calibrate_eval(where, base, done.train_s)
+        limits.calibrate_eval(state_dir(cfg, log_path), base, done.train_s)
     metrics = {**logged, **{k: float(v) for k, v in figures.items()
                             if isinstance(v, (int, float)) and not isinstance(v, bool)}}
     return replace(job, status="ok", metrics=metrics, sealed=True, reason="")
+
+
+def run_scorer(cfg: RunConfig, command: str, worktree: Path, space: Space, base: str, choice: sandbox.Choice,
+               log_path: Path, scorer_log: Path, folders: tuple[Path, Path, Path], at_base: bool,
+               cancel: threading.Event | None) -> tuple[TrainResult, dict | None, str]:
+    """Run a scorer (evaluate_command, test_command) from the baseline's protected files in its own
+    sandbox, the job's output folder read-only; (how it ended, its result file, what its deadline is).
+    folders: its copy of the baseline's files, its private /tmp, its result folder."""
+    files, tmp, out = folders
+    materialise(worktree, base, cfg.protected, files)
+    result_file = out / "result.json"
+    env = harness_env({"HARNESS_OUTPUT_DIR": str(space.out), "HARNESS_RESULT_FILE": str(result_file)})
+    hidden = [p for p in (cfg.run_dir, cfg.repo / "runs", cfg.repo / ".git", view.HARNESS_PACKAGE, Path(worktree))
+              if p.exists()]
+    wrap = wrapper(choice, worktree=files, tmp_dir=tmp, output_dir=out,
+                   readonly=[space.out, view.data_cache()], hidden=hidden, network=False)
+    where = state_dir(cfg, log_path)
+    deadline_s, why = limits.eval_deadline(cfg.eval_kill_after, where, base, at_base)
+    bounds = limits.of(cfg, where).watching(private_tmp=tmp, output_folder=out)
+    done = run_training(command, files, env, scorer_log, cfg.metric, kill_after_s=deadline_s,
+                        wrap=wrap, cancel=cancel, limits=bounds)
+    return done, _read(result_file), why
+
+
+def score_test(cfg: RunConfig, worktree: Path, space: Space, base: str, choice: sandbox.Choice,
+               log_path: Path, cancel: threading.Event | None = None) -> dict[str, Any]:
+    """test_command on the model the job left: {metric: figure} (finite), or {"error": why}. Its own
+    log (`.test.log`); the job's code never runs in it, and nothing it says decides anything."""
+    test_log = log_path.with_suffix(".test.log")
+    done, figures, why = run_scorer(cfg, str(cfg.test_command), worktree, space, base, choice, log_path, test_log,
+                                    (space.tester, space.test_tmp, space.test_out), False, cancel)
+    if figures is not None and "refused" in figures:
+        return {"error": f"the test evaluation refused the model: {str(figures['refused'])[:400]}"}
+    if done.status in ("timeout", "invalid"):
+        return {"error": f"the test evaluation was stopped: {done.reason} ({why})"}
+    value = None if figures is None else figures.get(cfg.metric)
+    if done.returncode != 0 or not isinstance(value, (int, float)) or isinstance(value, bool) \
+            or not math.isfinite(value):
+        return {"error": f"the test evaluation gave no finite {cfg.metric} ({done.reason or 'no result file'}): "
+                         f"{tail(test_log, 400)}"}
+    return {cfg.metric: float(value), "test_s": done.train_s}
 
 
 def _read(path: Path) -> dict | None:

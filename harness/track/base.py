@@ -123,6 +123,12 @@ def _sync(info: RunInfo, tracker: Tracker) -> SyncResult:
         parent = done.get(rec.parent_key) if rec.parent_key else None
         done[rec.key] = tracker.log(rec, parent, _diff(info, rec))
         logged += 1
+    from ..testsplit import tracker_records  # the private test split's figures (test_scores.tsv)
+
+    for rec in tracker_records(info.run_dir, info.tag, info.metric):
+        if rec.key not in done:
+            done[rec.key] = tracker.log(rec, None, None)
+            logged += 1
     points = [(r.step, r.best, r.end_ms or r.start_ms or 0) for r in records if r.best is not None]
     tracker.progress(info.metric, points)
     return SyncResult(info.tag, tracker.uri, len(records), logged)
