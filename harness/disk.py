@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .errors import HarnessError
 
-FULL_RE = re.compile(r"No space left on device|Disk quota exceeded|\[Errno (28|122)\]|ENOSPC")
+FULL_RE = re.compile(r"No space left on device|Disk quota exceeded|Out of diskspace|\[Errno (28|122)\]|ENOSPC", re.I)
 FLOOR_MB = 256  # MB free where a job's files lived, below which its ENOSPC is the disk's
 FREE_HINT_MB = 1024  # MB the message asks for
 REASON = "infrastructure: the disk is full"  # a TrainResult's reason prefix, for step.train to stop on
