@@ -122,6 +122,8 @@ class Headline:
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: float | None = None  # None = unknown (a researcher call without a price)
+    baseline_runs: int | None = None  # training runs behind the baseline's value (its mean when > 1)
+    best_runs: int | None = None  # training runs behind the best's value (1 + its confirmations)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -152,7 +154,15 @@ def headline(rows: list[dict[str, Any]], metric: str = "metric", direction: str 
         input_tokens=int(df["input_tokens"].sum()),
         output_tokens=int(df["output_tokens"].sum()),
         cost_usd=None if costs.isna().any() else float(costs.sum()),
+        baseline_runs=None if base_row is None else _runs(base_row),
+        best_runs=None if best_row is None else _runs(best_row),
     )
+
+
+def _runs(row: "pd.Series") -> int:
+    """How many training runs a decided row's value is the mean of (1 when the ledger does not say)."""
+    n = known(row["runs"])
+    return int(n) if n else 1
 
 
 def signed(value: float | None, digits: int = 6) -> str:

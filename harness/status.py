@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import events, figures, ledger, spend
+from . import decide, events, figures, ledger, spend
 from .errors import HarnessError
 from .recovery import LOCK_NAME
 from .step import pending
@@ -127,10 +127,23 @@ def arm_state(run_dir: Path, last_events: int = 3) -> dict[str, Any]:
         # committed candidates without a row: in flight while a harness drives the run,
         # else left by an interruption for --resume to train
         "in_flight" if live else "waiting_for_resume": journals,
-        "last_rows": [{k: r.get(k) for k in ("iteration", "commit", "metric", "status", "description")}
-                      for r in rows[-10:]],
+        "last_rows": [shown_row(r, rows) for r in rows[-10:]],
         "events": len(happened), "last_events": happened[-last_events:],
     }
+
+
+def shown_row(row: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A ledger row as status shows it: `metric` is the value its decision used (the mean over the
+    runs of a confirmed candidate, as in the ledger's metric column and the best), with the runs
+    behind it; a `repeat` row is one run of its own."""
+    out = {k: row.get(k) for k in ("iteration", "commit", "metric", "status", "description")}
+    runs = row.get("runs") or 1
+    out["runs"] = runs
+    if row.get("status") != "repeat" and runs > 1:
+        out["metric"] = ledger.decided_value(row)
+        out["first_run"] = row.get("metric")
+        out["run_values"] = decide.runs_of(rows, int(row.get("iteration") or 0))[:runs]
+    return out
 
 
 def state(ref: RunRef) -> dict[str, Any]:
@@ -170,8 +183,9 @@ def figure_lines(s: dict[str, Any]) -> list[tuple[str, str]]:
         now += ", training iteration " + ", ".join(str(j["iteration"]) for j in s["in_flight"])
     return [
         ("researcher", f"{s.get('model') or '-'} ({s.get('agent') or '?'})"),
-        ("baseline", fmt(f["baseline"]) + (f" ({f['failed_baselines']} failed)" if f["failed_baselines"] else "")),
-        ("best", fmt(f["best"]) + (f" {f['best_commit'][:7]}" if f["best_commit"] else "")),
+        ("baseline", fmt(f["baseline"]) + runs_note(f.get("baseline_runs"))
+         + (f" ({f['failed_baselines']} failed)" if f["failed_baselines"] else "")),
+        ("best", fmt(f["best"]) + runs_note(f.get("best_runs")) + (f" {f['best_commit'][:7]}" if f["best_commit"] else "")),
         ("improvement", figures.signed(f["improvement"]) + f" ({better} {f['metric']} is better)"),
         ("experiments", f"{f['experiments']}, keep rate {keep}"),
         ("outcomes", counts),
@@ -181,7 +195,26 @@ def figure_lines(s: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def render_text(ref: RunRef, width: int = 80, last: int = 8) -> str:
+def runs_note(runs: int | None) -> str:
+    """After a value that is the mean of several training runs: how many."""
+    return f" ({runs} runs)" if runs and runs > 1 else ""
+
+
+def shown_status(r: dict[str, Any]) -> str:
+    return (r["status"] or "") + (f"×{r['runs']}" if r["status"] != "repeat" and (r.get("runs") or 1) > 1 else "")
+
+
+def render_text(ref: RunRef, width: int = 80, last: int = 8, height: int | None = None) -> str:
+    """The run's figures, then its latest rows and events; cut to width, and to height (a tmux
+    pane of 24 rows) by showing fewer of the latest rows, never fewer figures."""
+    text = _render_text(ref, width, last)
+    while height is not None and last > 1 and len(text.splitlines()) > height:
+        last -= 1
+        text = _render_text(ref, width, last)
+    return text
+
+
+def _render_text(ref: RunRef, width: int, last: int) -> str:
     lines = [f"run {ref.tag}" + (" (A/B)" if ref.is_ab else "") + f"   {ref.run_dir}"]
     states = {name: arm_state(d) for name, d in ref.arms.items()}
     if ref.is_ab:
@@ -195,11 +228,13 @@ def render_text(ref: RunRef, width: int = 80, last: int = 8) -> str:
             lines += ["", f"{title}no rows yet:", "the baseline trains first"]
             continue
         metric = s["figures"]["metric"]
-        lines += ["", f"{title}{'iter':>4} {'commit':7} {metric[:9]:>9} {'status':7} description"]
-        for r in s["last_rows"][-last:]:
+        shown = s["last_rows"][-last:]
+        status_w = max([7, *(len(shown_status(r)) for r in shown)])
+        lines += ["", f"{title}{'iter':>4} {'commit':7} {metric[:9]:>9} {'status':{status_w}} description"]
+        for r in shown:
             it = "" if r["iteration"] is None else r["iteration"]
             lines.append(f"{it:>4} {(r['commit'] or '')[:7]:7} {fmt(r['metric']):>9} "
-                         f"{r['status'] or '':7} {r['description'] or ''}")
+                         f"{shown_status(r):{status_w}} {r['description'] or ''}")
         for key, label in (("waiting_for_resume", "waiting for --resume"), ("in_flight", "in flight")):
             lines += [f"{label}: iteration {j['iteration']} ({j['commit'][:7]}) {j['description']}"
                       for j in s.get(key, [])]
