@@ -233,6 +233,14 @@ def test_overnight_default_window_both_panes_readable(tmp_path: Path, tmux: Tmux
     best = next(line for line in lines if line.startswith("best:"))
     assert re.match(r"best: +\d\.\d{6} ", best), best
     assert "waiting for --resume" not in screen
+    # A pane shorter than the ledger's last rows: fewer rows, still every figure and the events.
+    tmux.wait_for("harness-nite:0.0", "reached --iterations 6", timeout_s=120)
+    tmux("new-session", "-d", "-s", "short", "-x", "40", "-y", "16",
+         harness_cmd("status", "nite", "--repo", repo, "--watch", "--interval", "0.5") + "; sleep 60")
+    screen = tmux.wait_for("short", "events:", timeout_s=30)
+    lines = screen.rstrip("\n").splitlines()
+    assert lines[0].startswith("run nite") and any(line.startswith("cost:") for line in lines), screen
+    assert sum(1 for line in lines if re.match(r" +\d+ [0-9a-f]{7} ", line)) >= 1, screen
 
 
 def test_live_panel_says_what_each_lane_is_doing(tmp_path: Path, tmux: Tmux):
