@@ -363,7 +363,7 @@ class Display:
         if "GPU" in out:
             out["GPU"] = duty_text(w)
         out["tokens"] = short(h.input_tokens + h.output_tokens)
-        out["cost"] = "unknown" if h.cost_usd is None else f"${h.cost_usd:.2f}"
+        out["cost"] = "unknown" if h.cost_usd is None else f"${h.cost_usd:.4f}"  # as status and the log lines
         return out
 
     def __rich_console__(self, console: Console, options: Any):

@@ -29,7 +29,7 @@ print(json.dumps({"input_tokens": 1500, "output_tokens": 250, "cost_usd": 0.0125
 """
 # The panel's figures, each whole: a cut one ("0.90…", "$0.…") does not match.
 FIGURES = {"best": r"\d\.\d{6}", "improvement": r"[+-]\d\.\d{6}", "keep": r"\d+/\d+ \d+%",
-           "tokens": r"\d+(\.\d)?[kM]?", "cost": r"\$\d+\.\d\d", "GPU": r"\d+%"}
+           "tokens": r"\d+(\.\d)?[kM]?", "cost": r"\$\d+\.\d{4}", "GPU": r"\d+%"}
 
 
 def cmd_agent(tmp_path: Path) -> str:
@@ -234,7 +234,10 @@ def test_overnight_default_window_both_panes_readable(tmp_path: Path, tmux: Tmux
     assert re.match(r"best: +\d\.\d{6} ", best), best
     assert "waiting for --resume" not in screen
     # A pane shorter than the ledger's last rows: fewer rows, still every figure and the events.
-    tmux.wait_for("harness-nite:0.0", "reached --iterations 6", timeout_s=120)
+    final = tmux.wait_for("harness-nite:0.0", "reached --iterations 6", timeout_s=120)
+    shown = tmux.wait_for("harness-nite:0.1", "not running", timeout_s=30)  # the two panes agree
+    cost = next(line for line in shown.splitlines() if line.startswith("cost:")).split()[1]
+    assert panel_figures(last_panel(final.split("reached --iterations")[0]))["cost"] == cost, (final, shown)
     tmux("new-session", "-d", "-s", "short", "-x", "40", "-y", "16",
          harness_cmd("status", "nite", "--repo", repo, "--watch", "--interval", "0.5") + "; sleep 60")
     screen = tmux.wait_for("short", "events:", timeout_s=30)
