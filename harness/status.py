@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,8 +172,9 @@ def cut(line: str, width: int) -> str:
     return line if len(line) <= width else line[: max(1, width - 1)] + "…"
 
 
-def figure_lines(s: dict[str, Any]) -> list[tuple[str, str]]:
-    """(label, value) pairs: the same figures for a run and for each A/B arm."""
+def figure_lines(s: dict[str, Any], narrow: bool = False) -> list[tuple[str, str]]:
+    """(label, value) pairs: the same figures for a run and for each A/B arm; narrow (an A/B arm's
+    column in a half-width pane): the same figures, their explanations left out, so none is cut."""
     f = s["figures"]
     cost = "unknown" if f["cost_usd"] is None else f"${f['cost_usd']:.4f}"
     keep = "-" if f["keep_rate"] is None else f"{f['keep_rate']:.0%}"
@@ -181,23 +183,35 @@ def figure_lines(s: dict[str, Any]) -> list[tuple[str, str]]:
     now = "running" if s["live"] else "not running"
     if s.get("in_flight"):
         now += ", training iteration " + ", ".join(str(j["iteration"]) for j in s["in_flight"])
+    unknown = s.get("unknown_usage_calls") or 0
+    if narrow:
+        tokens = f"{short(f['input_tokens'])}/{short(f['output_tokens'])}" + ("+?" if unknown else "")
+    else:
+        tokens = f"{f['input_tokens']}/{f['output_tokens']}" + unknown_note(unknown)
     return [
         ("researcher", f"{s.get('model') or '-'} ({s.get('agent') or '?'})"),
-        ("baseline", fmt(f["baseline"]) + runs_note(f.get("baseline_runs"))
+        ("baseline", fmt(f["baseline"]) + runs_note(f.get("baseline_runs"), narrow)
          + (f" ({f['failed_baselines']} failed)" if f["failed_baselines"] else "")),
-        ("best", fmt(f["best"]) + runs_note(f.get("best_runs")) + (f" {f['best_commit'][:7]}" if f["best_commit"] else "")),
-        ("improvement", figures.signed(f["improvement"]) + f" ({better} {f['metric']} is better)"),
-        ("experiments", f"{f['experiments']}, keep rate {keep}"),
+        ("best", fmt(f["best"]) + runs_note(f.get("best_runs"), narrow)
+         + (f" {f['best_commit'][:7]}" if f["best_commit"] else "")),
+        ("improvement", figures.signed(f["improvement"]) + ("" if narrow else f" ({better} {f['metric']} is better)")),
+        ("experiments", f"{f['experiments']}, keep {'' if narrow else 'rate '}{keep}"),
         ("outcomes", counts),
-        ("tokens in/out", f"{f['input_tokens']}/{f['output_tokens']}" + unknown_note(s.get("unknown_usage_calls") or 0)),
+        ("tokens" if narrow else "tokens in/out", tokens),
         ("cost", cost),
         ("supervisor", now),
     ]
 
 
-def runs_note(runs: int | None) -> str:
+def short(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e4 else str(n)
+
+
+def runs_note(runs: int | None, narrow: bool = False) -> str:
     """After a value that is the mean of several training runs: how many."""
-    return f" ({runs} runs)" if runs and runs > 1 else ""
+    if not runs or runs < 2:
+        return ""
+    return f"×{runs}" if narrow else f" ({runs} runs)"
 
 
 def shown_status(r: dict[str, Any]) -> str:
@@ -244,15 +258,23 @@ def _render_text(ref: RunRef, width: int, last: int) -> str:
     return "\n".join(cut(line, width) for line in lines)
 
 
+NARROW_COLUMN = 24  # an A/B arm's column narrower than this shows its figures without their explanations
+
+
 def side_by_side(states: dict[str, dict[str, Any]], width: int) -> list[str]:
     """The arms' figures in columns: label, then one column per arm."""
-    label_w = 12
+    label_w = 13
     col_w = max(8, (width - label_w) // max(1, len(states)) - 1)
-    per_arm = {name: figure_lines(s) for name, s in states.items()}
+    narrow = col_w < NARROW_COLUMN
+    per_arm = {name: figure_lines(s, narrow=narrow) for name, s in states.items()}
     lines = [f"{'':{label_w}}" + "".join(f" {cut('arm ' + name, col_w):{col_w}}" for name in states)]
     for i, (label, _) in enumerate(next(iter(per_arm.values()))):
-        cells = "".join(f" {cut(per_arm[name][i][1], col_w):{col_w}}" for name in states)
-        lines.append(f"{cut(label, label_w):{label_w}}" + cells)
+        # narrow: a value longer than its column goes on under it (outcomes, a commit), never cut
+        cells = {name: textwrap.wrap(per_arm[name][i][1], col_w) or [""] if narrow else [per_arm[name][i][1]]
+                 for name in states}
+        for k in range(max(len(c) for c in cells.values())):
+            row = "".join(f" {cut(c[k] if k < len(c) else '', col_w):{col_w}}" for c in cells.values())
+            lines.append(f"{cut(label, label_w) if k == 0 else '':{label_w}}" + row)
     return [line.rstrip() for line in lines]
 
 
