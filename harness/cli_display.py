@@ -72,6 +72,7 @@ class Watched:
     stopped: str = ""
     gpus: bool = False  # the run trains on GPUs (run.json: --gpus, an arm's GPU, or a GPU device)
     baseline_t0: float | None = None  # monotonic time the baseline started training
+    baseline_runs: int = 1  # how many times it trains (--baseline-runs)
     researcher: str = ""  # the label unshortened (a cmd: template's whole command line)
 
     def reload(self) -> None:
@@ -102,8 +103,9 @@ class Watched:
     def eta(self, elapsed_s: float, ab: bool) -> tuple[float | None, bool]:
         """(seconds left, True when only a lower bound): --hours (per arm, counted from the ledger
         in `harness ab`) or --iterations times the measured mean iteration time; the smaller when
-        both are set. While the baseline trains nothing is measured yet: each iteration takes at
-        least about as long as the baseline has so far, so --iterations gives a lower bound."""
+        both are set. While the baseline trains nothing is measured yet: an iteration trains once,
+        at least about as long as each of the baseline's runs has so far, so --iterations gives
+        a lower bound."""
         if self.stopped:
             return 0.0, False
         options = []
@@ -115,7 +117,7 @@ class Watched:
             options.append(max(0, self.iterations - self.iteration) * mean)
         elif self.iterations is not None and self.baseline_t0 is not None:
             so_far = time.monotonic() - self.baseline_t0
-            bound = self.iterations * so_far / max(1, self.lanes)
+            bound = self.iterations * so_far / max(1, self.baseline_runs) / max(1, self.lanes)
             if not options or bound < min(options):
                 return bound, True
         return (min(options), False) if options else (None, False)
@@ -213,7 +215,7 @@ class Display:
         lane = data.get("lane")
         if event == "baseline":
             w.now = {None: {0: "training the baseline"}}
-            w.baseline_t0 = time.monotonic()
+            w.baseline_t0, w.baseline_runs = time.monotonic(), int(data.get("runs") or 1)
             w.reload()
             self.print(literal(prefix, ("baseline", "bold"), f" training commit {data['commit'][:12]} ..."))
         elif event == "start":
