@@ -165,7 +165,7 @@ def assert_whole(figures: dict[str, str], gpu: bool, screen: str) -> None:
 
 
 def test_live_panel_fits_any_width_and_never_cuts_a_figure(tmp_path: Path, tmux: Tmux):
-    """A `cmd:` researcher's label is long, the run has GPUs (two lanes): at 220 and 100 columns
+    """A `cmd:` researcher's label is long, the run has GPUs (two lanes): at 220 and 120 columns
     the table (the label gives way, no figure), at 80 and 40 (a half-width pane) the compact layout."""
     repo = make_repo(tmp_path / "r", train_source=FAKE_TRAIN.replace("SLEEP_S = 0.0", "SLEEP_S = 2.5"))
     cmd = harness_cmd("run", "--repo", repo, "--tag", "wide", "--agent", f"'{cmd_agent(tmp_path)}'",
@@ -173,7 +173,7 @@ def test_live_panel_fits_any_width_and_never_cuts_a_figure(tmp_path: Path, tmux:
                       "--time-budget", "30") + "; sleep 60"
     tmux("new-session", "-d", "-s", "wide", "-x", "220", "-y", "40", cmd)
     tmux.wait_for("wide", "$0.01", "training iteration", timeout_s=120)  # a researched row is in
-    for width, table in ((220, True), (100, True), (80, False), (40, False)):
+    for width, table in ((220, True), (120, True), (80, False), (40, False)):
         tmux("resize-window", "-t", "wide", "-x", str(width), "-y", "40")
         time.sleep(1.5)  # the panel redraws twice a second at the terminal's new width
         screen = tmux.capture("wide")
