@@ -328,6 +328,7 @@ def _is_causal(call, val, starts, lengths, scored, batch_size: int, plan_seed: i
                 moved = moved if largest <= moved else largest
             scored_cut = cut <= lengths[w]
             at_cut += shift[scored_cut, (cut - 1)[scored_cut]].tolist()
+    _STATE["probe_moved"] = moved  # the largest move seen, for benchmarks/probe_noise.py (never a decision)
     if not moved <= tolerance:  # not `moved > tolerance`, which a NaN would pass
         return False
     # a small look ahead, under the tolerance, still shows as a loss that rises at the cut on average

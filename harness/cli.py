@@ -1,8 +1,10 @@
 """The `harness` command: a thin layer that parses options and calls the library."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ from rich.text import Text
 import sys
 
 from . import __version__, backends, driver, pipeline as pipeline_mod, rerun as rerun_mod, runs, status as status_mod, trainenv
-from . import track as track_mod
+from . import ledgerguard, track as track_mod
 from .cli_display import Display, Watched, agent_label, literal, summary_text
 from .config import read_repo_settings, resolve, with_run_settings
 from .errors import HarnessError
@@ -161,6 +163,43 @@ def print_summary(summary: runs.Summary, label: str = "") -> None:
     err.print(summary_text(summary, label))
 
 
+HUNG_UP = (5, 6, 32)  # EIO, ENXIO, EPIPE: what writing to a closed terminal or pipe raises
+
+
+@contextlib.contextmanager
+def hung_up_terminal():
+    """A closed terminal (tmux pane, ssh session) makes every print fail with EIO: the run's end must
+    go on regardless (the summary to its file, the tracker's flush, the exit status), so output is
+    muted from there; any other OSError is the run's own and is raised."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in HUNG_UP:
+            raise
+        mute()
+
+
+def mute() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def finish(cfg, summary: runs.Summary, interrupted) -> None:
+    """The end of `harness run` / `harness step`: the summary to runs/<tag>/summary.txt (read it when
+    the terminal is gone) and the screen, the tracker's last sync, the exit status (128 + signal)."""
+    if summary is None:  # the terminal was gone before the run began
+        sys.exit(1)
+    with contextlib.suppress(OSError):
+        ledgerguard.atomic_write(cfg.run_dir / "summary.txt", (summary_text(summary).plain + "\n").encode())
+    with hung_up_terminal():
+        print_summary(summary)
+    with hung_up_terminal():
+        finish_tracking()
+    exit_for(interrupted)
+
+
 def finish_tracking() -> None:
     """The tracker's last sync (bounded by track_timeout), and where the experiments are."""
     try:
@@ -176,7 +215,20 @@ def finish_tracking() -> None:
                       f"`harness track {out.run_dir}` logs the missing ones")
 
 
-@click.group()
+class Group(click.Group):
+    """Ctrl-C outside a run's own handlers (reading the config, starting the researcher): one line
+    and exit 130, as a shell expects of an interrupted command, not click's "Aborted!" and 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            with hung_up_terminal():
+                err.print("interrupted (Ctrl-C)")
+            sys.exit(130)
+
+
+@click.group(cls=Group)
 @click.version_option(__version__, prog_name="harness")
 def main() -> None:
     """An unattended overnight autoresearch loop: one fresh researcher per iteration, the harness judges."""
@@ -194,12 +246,11 @@ def run(repo, tag, resume, hours, iterations, pipeline, gpus, **flags):
     """Run the autoresearch loop until --hours, --iterations, a budget cap, or Ctrl-C."""
     cfg = build_config(repo, tag, resume, hours=hours, iterations=iterations, pipeline=pipeline,
                        gpus=pipeline_mod.parse_gpus(gpus) or None, **flags)
-    with Display(err, [watched(cfg)]) as display:
+    summary = interrupted = None
+    with hung_up_terminal(), Display(err, [watched(cfg)]) as display:
         summary, interrupted = driver.single(cfg, make_researcher(cfg), resume, display, pipeline_mod.pipelined(cfg))
         display.mark_stopped("", summary.stopped)
-    print_summary(summary)
-    finish_tracking()
-    exit_for(interrupted)
+    finish(cfg, summary, interrupted)
 
 
 def make_researcher(cfg):
@@ -221,13 +272,12 @@ def step(repo, tag, resume, **flags):
     tag = tag or status_mod.latest_single(repo) or default_tag(repo)  # `harness step` again continues the run
     exists = (Path(repo) / "runs" / tag / "results.tsv").exists()
     cfg = build_config(repo, tag, resume or exists, **flags)
-    with Display(err, [watched(cfg)]) as display:
+    summary = interrupted = None
+    with hung_up_terminal(), Display(err, [watched(cfg)]) as display:
         summary, interrupted = driver.single(cfg, make_researcher(cfg), resume or exists, display,
                                              pipelined=False, steps=1)
         display.mark_stopped("", summary.stopped)
-    print_summary(summary)
-    finish_tracking()
-    exit_for(interrupted)
+    finish(cfg, summary, interrupted)
 
 
 @main.command()

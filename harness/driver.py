@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import decide, events, faults, health, ledger, recovery, runs, stops, supervise
+from . import decide, disk, events, faults, health, ledger, recovery, runs, stops, supervise
 from .config import RunConfig
 from .executors import Executor, make_executor
 from .gitgate import GitGate, data_files
@@ -608,9 +608,17 @@ def run_all(folder: Path, repo: Path, runs_: list[RunDriver], gpus: tuple[str, .
                 stop(runs_, executor)
                 for r in runs_:
                     r.tidy(interrupted.why)
-            except BaseException:
+            except BaseException as e:
                 quiet(seen)
                 stop(runs_, executor)  # an error in one run stops every lane and job, then is raised
+                if isinstance(e, disk.DiskFull) or disk.caused(e):  # a stop: journals kept for --resume
+                    for r in runs_:
+                        with contextlib.suppress(Exception):  # the clean-up may need the disk too
+                            r.tidy("the disk is full")
+                    if isinstance(e, disk.DiskFull):
+                        raise
+                    raise disk.DiskFull(disk.stop_message(runs_[0].cfg.run_dir, runs_[0].cfg.tag,
+                                                          f"({type(e).__name__})")) from e
                 raise
             finally:
                 quiet(seen)

@@ -77,6 +77,22 @@ def _append(path: Path, data: bytes, fault: bool = False) -> None:
         os.close(fd)
 
 
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write-then-rename, the file and its folder fsynced: after a crash the old bytes or the new."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _replace(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".restore")
     with open(tmp, "wb") as f:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 from . import faults, supervise
 
 if TYPE_CHECKING:
-    from .executors.limits import Cgroup, Limits, Watch
+    from .executors.limits import Cgroup, Limits, Stalls, Watch
 
 # Variables that must never reach the training job (the researcher's code runs there).
 SECRET_RE = re.compile(r"(_API_KEY|_TOKEN|_SECRET|_PASSWORD|_CREDENTIALS?)$|^(AWS_|AZURE_|GH_|GITHUB_TOKEN)", re.I)
@@ -37,6 +37,10 @@ class TrainResult:
     reason: str = ""
     sealed: bool | None = None  # True: figures from a verified sealed result; False: from stdout
     node: str = ""  # the machine that trained it (executors fill it in)
+    cpu_s: float | None = None  # CPU seconds of the job's whole process tree (its cgroup's accounting); None = not measured
+    idle_cpus: float | None = None  # mean CPUs the machine left idle while it ran (/proc/stat), of `cpus`
+    cpus: int = 0  # the CPUs it could run on
+    stall_s: float | None = None  # s its most-delayed thread waited on a run queue (limits.Stalls)
 
     def value(self, metric: str) -> float | None:
         """The metric of an ok job only: a crash's, a timeout's or an invalid job's figures are the
@@ -140,6 +144,7 @@ def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, m
     argv = wrap(argv) if wrap is not None else argv
     log_path.parent.mkdir(parents=True, exist_ok=True)
     group = bounds.Cgroup.make(limits)
+    idle_before = bounds.idle_ticks()
     start = time.monotonic()
     try:
         # The job writes its log itself (a file, not a pipe to the harness): a job outlives a killed
@@ -153,22 +158,26 @@ def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, m
                 log.write(f"could not start {argv!r}: {e}\n".encode())
                 return TrainResult("crash", reason=f"could not start the training command: {e}")
         faults.point("during_train")  # tests: the supervisor dies while the job runs
-        watch = bounds.Watch(limits, start, log_path)
+        watch, stalls = bounds.Watch(limits, start, log_path), bounds.Stalls(group)
         try:
-            status, reason = _wait(proc, log_path, watch, start, kill_after_s, stall_after_s, cancel)
+            status, reason = _wait(proc, log_path, watch, start, kill_after_s, stall_after_s, cancel, stalls)
         finally:
             kill_group(proc)
             bounds.trim_log(log_path, limits.log_mb)  # head and tail kept, the cut said
         if status is None:  # it exited: did it run into a bound?
             status, reason = _exceeded(proc, group, watch, limits, log_path)
+        cpu_s = group.cpu_seconds() if group is not None else None  # all of it is gone: the total is final
     finally:
         if group is not None:
             group.remove()
     train_s = time.monotonic() - start
+    idle_after = bounds.idle_ticks()
+    used = {"cpu_s": cpu_s, "idle_cpus": bounds.idle_cpus(idle_before, idle_after, train_s),
+            "cpus": idle_after[1] if idle_after else 0, "stall_s": stalls.max_s}
     if status is not None:
-        return TrainResult(status, train_s=train_s, returncode=proc.returncode, reason=reason)
+        return TrainResult(status, train_s=train_s, returncode=proc.returncode, reason=reason, **used)
     status, metrics, reason = judge(tail(log_path, RESULT_TAIL_BYTES), proc.returncode, metric)
-    return TrainResult(status, metrics, train_s, proc.returncode, reason)
+    return TrainResult(status, metrics, train_s, proc.returncode, reason, **used)
 
 
 def _exceeded(proc: subprocess.Popen, group: Cgroup | None, watch: Watch, limits: Limits,
@@ -183,10 +192,13 @@ def _exceeded(proc: subprocess.Popen, group: Cgroup | None, watch: Watch, limits
 
 
 def _wait(proc: subprocess.Popen, log_path: Path, watch: Watch, start: float, kill_after_s: float,
-          stall_after_s: float | None, cancel: threading.Event | None) -> tuple[str | None, str]:
+          stall_after_s: float | None, cancel: threading.Event | None,
+          stalls: "Stalls | None" = None) -> tuple[str | None, str]:
     """Poll the job until it exits (None, "") or must be killed: (status, reason)."""
     last_size, last_change = 0, start
     while True:
+        if stalls is not None:
+            stalls.sample(time.monotonic())
         try:  # returns the moment the job exits
             proc.wait(timeout=POLL_S)
             return None, ""

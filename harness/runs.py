@@ -157,7 +157,8 @@ def trusted_baseline(cfg: RunConfig, wt: Worktree, base: str, manifest: dict[str
     if problem:
         raise RepoError(f"refusing to resume: {problem}. The run's trusted state does not match its branch "
                         f"{cfg.branch}; start a new run from it: harness run --tag NEW --from {cfg.branch}")
-    state = trust.Baseline(base, hashes, budget.DEFAULT_ALLOWANCE_S, budget.allowance(cfg.run_dir, base))
+    state = trust.Baseline(base, hashes, budget.DEFAULT_ALLOWANCE_S, budget.allowance(cfg.run_dir, base),
+                           budget.baseline_cpu_s(cfg.run_dir, base))
     measured = any(r.get("iteration") == 0 and r.get("status") == "keep" for r in ledger.read_rows(cfg.ledger_path))
     if measured and state.allowance_s is None:
         raise RepoError(f"{cfg.run_dir / budget.FILE} (the start-up allowance measured on the baseline) is missing "
@@ -170,7 +171,17 @@ def calibrate(ctx: Context, result: TrainResult) -> None:
     """A baseline run's result, back from its executor: the supervisor measures the allowance on it."""
     if result.status == "ok" and ctx.trusted is not None:
         ctx.trusted.allowance_s = budget.calibrate(ctx.cfg.run_dir, ctx.trusted.commit, result.train_s,
-                                                   budget.reported_seconds(result.metrics), ctx.cfg.time_budget)
+                                                   budget.reported_seconds(result.metrics), ctx.cfg.time_budget,
+                                                   budget.Usage.of(result))
+        ctx.trusted.baseline_cpu_s = budget.baseline_cpu_s(ctx.cfg.run_dir, ctx.trusted.commit)
+        data, cpus = budget.read(ctx.cfg.run_dir) or {}, result.cpus or 1
+        others = (data.get("others_cpus") or [0.0])[-1]
+        if others > budget.LOADED_OTHERS_FRACTION * cpus:  # this run's start-up was slowed by other work
+            events.record(ctx.cfg.run_dir, "loaded_baseline",
+                          f"the baseline ran while other work used {others:.1f} of the machine's {cpus} CPUs: its "
+                          f"start-up ({data['startup_s'][-1]:.1f}s) was slow, so every candidate may run up to "
+                          f"{data['allowance_s']:.1f}s past its budget; for a tighter allowance start the run on a "
+                          f"quieter machine")
         ctx.trusted.hold(ctx.cfg.run_dir / budget.FILE)
 
 

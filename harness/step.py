@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import decide, events, faults, guard, ledger, pricing, prompt, rebase, seal
+from . import decide, disk, events, faults, guard, ledger, pricing, prompt, rebase, seal
 from .agents import Proposal, Researcher, Task, Usage, sandboxed
 from .agents.base import printable
 from .config import RunConfig
@@ -148,7 +148,10 @@ def train(ctx: Context, commit: str, log_path: Path, seed: int, cancel: threadin
               **(ctx.trusted.job_fields(commit) if ctx.trusted is not None else {}))
     if cancel is not None:
         job.cancel.follow(cancel)
-    return ctx.executor.run(job)
+    result = ctx.executor.run(job)
+    if result.status == "crash" and result.reason.startswith(disk.REASON):  # not the candidate's fault
+        raise disk.DiskFull(disk.stop_message(log_path.parent, ctx.cfg.tag, "while a job trained"))
+    return result
 
 
 def memory_gb(result: TrainResult) -> float | None:

@@ -1,6 +1,7 @@
 """The `harness` command as a user runs it: refusals, run, step, status, init, Ctrl-C."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -106,6 +107,64 @@ def slow_run(tmp_path: Path, tag: str, *args: str) -> tuple[Path, list[str], dic
     return repo, cmd, env, proc
 
 
+def test_a_closed_terminal_ends_the_run_with_129_and_its_summary_in_a_file(tmp_path: Path):
+    """`harness run` in a real terminal (a pty, its controlling tty) that is closed while a candidate
+    trains, as a closed tmux pane or ssh session does: SIGHUP, then every print fails (EIO). The run
+    still ends as a stop does: exit 129 (128 + SIGHUP), the summary in runs/<tag>/summary.txt, the
+    candidate journalled for --resume, nothing left running."""
+    import fcntl
+    import termios
+    import threading
+    source = (ROOT / "tests/fake_train.py").read_text().replace("SLEEP_S = 0.0", "SLEEP_S = 2.0")
+    repo = make_repo(tmp_path / "r", train_source=source)
+    master, slave = os.openpty()
+
+    def controlling_tty():
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    cmd = [sys.executable, "-m", "harness", "run", "--repo", str(repo), "--tag", "h", "--agent", "mutate",
+           "--iterations", "3", "--baseline-runs", "1"]
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm"}, stdin=slave,
+                            stdout=slave, stderr=slave, preexec_fn=controlling_tty)
+    os.close(slave)
+    seen = bytearray()
+
+    def drain():  # a terminal someone reads, until it is closed
+        with contextlib.suppress(OSError):
+            while chunk := os.read(master, 65536):
+                seen.extend(chunk)
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    log = repo / "runs/h/logs/iter-0001.log"
+    deadline = time.monotonic() + 60
+    while not log.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert log.exists(), bytes(seen)[-2000:]
+    os.close(master)  # the terminal goes away
+    assert proc.wait(timeout=60) == 129, bytes(seen)[-2000:]
+    summary = (repo / "runs/h/summary.txt").read_text()
+    assert "SIGHUP" in summary and "best" in summary, summary
+    assert json.loads((repo / "runs/h/inflight-0a.json").read_text())["iteration"] == 1
+    assert subprocess.run(["pgrep", "-f", str(repo)], capture_output=True).stdout == b""
+
+
+def test_ctrl_c_in_the_first_second_is_one_line_and_130(tmp_path: Path):
+    """A Ctrl-C before the run's own handlers exist (the CLI still importing, the config being read,
+    the baseline about to start) ends `harness run` with exit 130 and no traceback, wherever it lands."""
+    repo = make_repo(tmp_path / "r")
+    cmd = [sys.executable, "-m", "harness", "run", "--repo", str(repo), "--tag", "e", "--agent", "mutate",
+           "--iterations", "1", "--baseline-runs", "1"]
+    for delay in (0.0, 0.15, 0.4, 0.8):
+        proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        out, errtext = proc.communicate(timeout=60)
+        assert "Traceback" not in errtext and "Aborted!" not in errtext, (delay, errtext)
+        # -2: killed before the interpreter had its own handler (a shell shows 130 too); 0: it had finished
+        assert proc.returncode in (130, -signal.SIGINT, 0), (delay, proc.returncode, errtext)
+
+
 def test_ctrl_c_during_training_then_resume(tmp_path: Path):
     """A real SIGINT to a real `harness run` while a candidate trains: nothing lost, HEAD at best."""
     repo, cmd, env, proc = slow_run(tmp_path, "c", "--iterations", "3", "--baseline-runs", "1")
@@ -186,14 +245,30 @@ def test_init_example_creates_a_ready_repo(tmp_path: Path):
     harness("init", "--example", str(dest), expect=1)  # not empty any more
 
 
+def demo_flags(**overrides: str) -> list[str]:
+    """scripts/demo.sh's `harness run` flags, its defaults filled in (a flag in overrides replaced)."""
+    import re
+    import shlex
+    text = (ROOT / "scripts/demo.sh").read_text().replace("\\\n", " ")
+    line = text[text.index("exec harness run ") + len("exec harness run "):].splitlines()[0]
+    argv = shlex.split(re.sub(r'"\$\{\w+:-([^}]*)\}"', r"\1", line))
+    argv = [a for a in argv if a != "$@"]
+    flags = dict(zip(argv[::2], argv[1::2]))
+    flags.pop("--tag")
+    flags.update({f"--{k.replace('_', '-')}": v for k, v in overrides.items()})
+    return [x for pair in flags.items() for x in pair]
+
+
 def test_demo_path_on_the_real_workload(tmp_path: Path, monkeypatch):
-    """What the README's demo does, on a new repo made by `harness init --example`: the real
-    train.py, step-bounded, sealed, and reproducible from run to run."""
+    """What the README's demo does (scripts/demo.sh's flags), on a new repo made by `harness init
+    --example`: the real train.py, step-bounded, sealed, and reproducible from run to run; its
+    time budget cannot bind, so a loaded machine gives the same figures."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     dest = tmp_path / "example"
     harness("init", "--example", str(dest))
-    args = ["--repo", str(dest), "--agent", "mutate", "--iterations", "2", "--max-steps", "5",
-            "--baseline-runs", "1"]
+    flags = demo_flags(iterations="2", max_steps="5")
+    assert float(flags[flags.index("--time-budget") + 1]) >= 1800  # 60 CPU steps never take that long
+    args = ["--repo", str(dest), *flags]
     harness("run", "--tag", "one", *args)
     harness("run", "--tag", "two", *args)
     one = ledger.read_rows(dest / "runs/one/results.tsv")
@@ -204,3 +279,17 @@ def test_demo_path_on_the_real_workload(tmp_path: Path, monkeypatch):
     assert [(r["description"], r["metric"], r["status"]) for r in one] == \
         [(r["description"], r["metric"], r["status"]) for r in two]
     assert git(dest, "status", "--porcelain") == ""
+    # scripts/gpu_check.sh's figures, from a run folder (here a CPU one): the job's own report block
+    summary = subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu_check_summary.py"), str(dest / "runs/one")],
+                             capture_output=True, text=True, timeout=60)
+    assert summary.returncode == 0, summary.stderr
+    assert "device cpu" in summary.stdout and "status keep" in summary.stdout and "steps 5" in summary.stdout
+    assert "tokens/s" in summary.stdout and "CapEff 0000000000000000" in summary.stdout
+
+
+def test_gpu_check_says_what_is_missing_on_a_machine_without_a_gpu():
+    """scripts/gpu_check.sh is run later, where a GPU is lent; without one it says so and stops."""
+    if subprocess.run(["sh", "-c", "command -v nvidia-smi"], capture_output=True).returncode == 0:
+        pytest.skip("this machine has nvidia-smi: scripts/gpu_check.sh is run by hand here")
+    done = subprocess.run(["bash", str(ROOT / "scripts/gpu_check.sh")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "no nvidia-smi" in done.stderr

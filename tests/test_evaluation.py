@@ -205,3 +205,26 @@ def test_a_nan_or_an_infinity_anywhere_in_the_evaluation_refuses_the_model():
                                   float("nan"))
     with pytest.raises(prepare.NotFinite, match="non-finite logit .* in a scoring call"):
         probe(nan_in_the_padding, seq_len=64 * 3, batch_size=8)  # 171 windows: the last group has 3
+
+
+def test_the_attention_operators_a_cuda_export_produces_are_accepted():
+    """The evaluator's operator check was first met by CPU exports, where scaled-dot-product
+    attention becomes `_scaled_dot_product_flash_attention_for_cpu`; on CUDA it dispatches to the
+    flash, memory-efficient or cuDNN kernels instead (no CUDA here: the variants come from torch's
+    own operator tables). Each must pass, or every GPU night is refused at its baseline."""
+    import torch
+    sys.path.insert(0, str(ROOT))
+    import prepare
+
+    def program(target: str) -> dict:
+        return {"graph_module": {"graph": {"nodes": [{"target": target, "inputs": [], "outputs": []}]},
+                                 "signature": {"output_specs": [{"user_output": {}}]}}}
+    variants = [f"torch.ops.aten.{name}.{overload}" for name in dir(torch.ops.aten)
+                if "scaled_dot_product" in name and not name.endswith("backward")
+                for overload in getattr(torch.ops.aten, name).overloads()]
+    kernels = {v.split(".")[3] for v in variants}
+    assert {"_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+            "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu"} <= kernels
+    refused = {v: prepare.check_program(program(v)) for v in variants}
+    assert not any(refused.values()), {v: p for v, p in refused.items() if p}
+    assert prepare.check_program(program("torch.ops.aten.add_.Tensor"))  # the check is not a pass-through

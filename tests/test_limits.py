@@ -119,7 +119,12 @@ def test_unbounded_settings_and_the_machines_defaults(tmp_path):
     assert bounds.memory_mb == 0 and bounds.pids == 7 and bounds.log_mb == limits.DEFAULT_LOG_MB
     assert 0 < bounds.disk_mb <= limits.DISK_CAP_MB
     assert limits.defaults(tmp_path).memory_mb == limits.mem_total_mb() // 2
-    assert limits.Cgroup.make(limits.Limits(memory_mb=0, pids=0)) is None
+    accounting = limits.Cgroup.make(limits.Limits(memory_mb=0, pids=0))  # no bound: only the CPU accounting
+    if accounting is not None:
+        try:
+            assert accounting.cpu_seconds() == 0.0 and accounting.exceeded(limits.Limits()) is None
+        finally:
+            accounting.remove()
     with pytest.raises(Exception, match="--job-log-mb.*integer >= 1"):
         resolve(tmp_path / "r", "t", {"job_log_mb": 0})
 

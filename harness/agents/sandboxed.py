@@ -33,9 +33,6 @@ from ..errors import AgentError, ConfigError
 from ..executors import sandbox, view
 from ..gitgate import data_files
 
-HARNESS_PACKAGE = Path(__file__).resolve().parent.parent
-DATA_CACHE = Path.home() / ".cache" / "autoresearch-harness"  # prepare.py's default HARNESS_CACHE_DIR
-SHEBANG_BYTES = 256  # bytes read for a script's `#!` line
 INTERPRETER_DEPTH = 3  # a script, its interpreter, that one's (a pyenv shim is a bash script)
 OFF_WARNING = ("the researcher's own process runs unsandboxed: it can read the validation bytes (its "
                "worktree's data, git's objects), rewrite the run folder (run.json, the ledger) and "
@@ -90,8 +87,7 @@ def for_run(cfg, run_dir: Path | None = None) -> Jail:
     where = Path(run_dir or cfg.run_dir)
     warning = choice.warning or (None if choice.on else f"--agent-sandbox off: {OFF_WARNING}")
     data = data_files(cfg.protected)
-    cache = Path(os.environ.get("HARNESS_CACHE_DIR") or DATA_CACHE)
-    hidden = (cfg.run_dir, where, Path(cfg.repo), HARNESS_PACKAGE, cache)
+    hidden = (cfg.run_dir, where, Path(cfg.repo), view.HARNESS_PACKAGE, view.data_cache())
     return Jail(sandbox.bwrap_path() if choice.on else None, where / "agent-home",
                 tuple(dict.fromkeys(Path(p).resolve() for p in hidden)), data, cfg.agent_network, warning)
 
@@ -231,22 +227,7 @@ def _is_prefix(folder: Path) -> bool:
     return (folder / "lib").is_dir() or (folder / "pyvenv.cfg").is_file()
 
 
-def interpreter(script: Path) -> str | None:
-    """The program a script's `#!` line runs (`env NAME` looked up on PATH), or None (a binary)."""
-    try:
-        with open(script, "rb") as f:
-            head = f.read(SHEBANG_BYTES)
-    except OSError:
-        return None
-    if not head.startswith(b"#!"):
-        return None
-    words = head[2:].split(b"\n", 1)[0].decode(errors="replace").split()
-    if not words:
-        return None
-    if Path(words[0]).name != "env":
-        return words[0]
-    names = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
-    return names[0] if names else None
+interpreter = view.shebang  # the program a script's `#!` line runs
 
 
 def template_files(argv: list[str], worktree: Path) -> list[Path]:

@@ -27,15 +27,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from .. import events, guard, seal, trust
+from .. import disk, events, guard, seal, trust
 from ..config import RunConfig
 from ..gitgate import Worktree
 from ..runner import RESULT_TAIL_BYTES, TrainResult, run_training, tail, training_env
 from . import budget, limits, sandbox, uvenv, view
 
-HARNESS_PACKAGE = Path(__file__).resolve().parent.parent
-DATA_CACHE = Path.home() / ".cache" / "autoresearch-harness"  # prepare.py's default HARNESS_CACHE_DIR
-# Caches that tools write under $HOME, sent to the private /tmp (the home is read-only in the sandbox).
+# Caches that tools write under $HOME, sent to the private /tmp (the home is not in the sandbox's view).
 SANDBOX_ENV = {"TMPDIR": "/tmp", "TRITON_HOME": "/tmp", "TRITON_CACHE_DIR": "/tmp/.triton",
                "TORCHINDUCTOR_CACHE_DIR": "/tmp/.inductor", "CUDA_CACHE_PATH": "/tmp/.nv", "MPLCONFIGDIR": "/tmp/.mpl"}
 SUMMARY_LINE_RE = re.compile(r"^\w+:\s*[-+0-9.eE]+$|^\w+:\s*(nan|inf)$", re.I)  # a `key: number` result line
@@ -67,10 +65,6 @@ def fresh_space(log_path: Path) -> Space:
     return space
 
 
-def data_cache() -> Path:
-    return Path(os.environ.get("HARNESS_CACHE_DIR") or DATA_CACHE)
-
-
 def state_dir(cfg: RunConfig, log_path: Path) -> Path:
     """The run folder, or (for `harness check`'s throwaway runs) the log's folder."""
     return cfg.run_dir if cfg.run_dir.exists() else log_path.parent
@@ -94,14 +88,13 @@ def baseline_commit(cfg: RunConfig, worktree: Path, baseline: str,
 
 
 def hidden_paths(cfg: RunConfig, worktree: Path, hide_data: bool) -> list[Path]:
-    """What a sandboxed job must not see: the run folders, git's objects, the harness itself and,
-    when the training split is exported for it, the data it was exported from."""
-    paths = [cfg.run_dir, cfg.repo / "runs", cfg.repo / ".git", HARNESS_PACKAGE]
+    """What a sandboxed job must not see even where a folder it is shown holds it: the run folders,
+    git's objects, the harness itself and, when the training split is exported for it, the data it
+    was exported from. (Host sockets under /run need no cover: the view never shows /run.)"""
+    paths = [cfg.run_dir, cfg.repo / "runs", cfg.repo / ".git", view.HARNESS_PACKAGE]
     if hide_data:
         data = [p for p in cfg.protected if not p.endswith(".py")]
-        paths += [root / p for root in (cfg.repo, Path(worktree)) for p in data] + [data_cache()]
-    if not cfg.network:
-        paths += [Path("/run"), Path("/var/run")]  # sockets of host services (a docker socket is root)
+        paths += [root / p for root in (cfg.repo, Path(worktree)) for p in data] + [view.data_cache()]
     return [p for p in paths if p.exists()]
 
 
@@ -139,12 +132,13 @@ def choose(cfg: RunConfig, where: Path) -> sandbox.Choice:
 def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
           cancel: threading.Event | None = None, gpu: str | None = None,
           job_env: dict[str, str] | None = None, baseline: str = "",
-          protected_sha256: dict[str, str] | None = None, allowance_s: float | None = None) -> TrainResult:
+          protected_sha256: dict[str, str] | None = None, allowance_s: float | None = None,
+          baseline_cpu_s: float | None = None) -> TrainResult:
     """Train the code in worktree once, sandboxed; the metric from the separate evaluation if any.
 
     gpu: the executor slot's GPU (CUDA_VISIBLE_DEVICES); job_env: more variables for the job
     (the tracker's HARNESS_RUN, HARNESS_ITERATION, HARNESS_COMMIT); baseline, protected_sha256,
-    allowance_s: the run's trusted baseline as the Job carries it (executors/base.py)."""
+    allowance_s, baseline_cpu_s: the run's trusted baseline as the Job carries it (executors/base.py)."""
     worktree = Path(worktree)
     base = baseline_commit(cfg, worktree, baseline, protected_sha256 or {})
     if isinstance(base, TrainResult):
@@ -195,12 +189,20 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
                                                                     worktree=worktree))
     if choice.on:  # what the job wrote, where the legacy checks look
         copy_job_file(space.out / "result.json", result_file)
+    if result.status == "crash" and disk.job_hit_it(space.root):  # before its files go
+        shutil.rmtree(space.root, ignore_errors=True)
+        return replace(result, reason=f"{disk.REASON} ({disk.free_mb(log_path.parent)} MB free under "
+                                      f"{log_path.parent}) while it trained")
     if cfg.evaluate_command:
         result = job_outcome(result, log_path)
     elif result.status != "invalid":  # a bound the job ran into (limits.py) stays its verdict
         result = seal.judge(result, result_file, ch.key, cfg.metric, cfg.time_budget)
     result = guard.after_training(cfg.run_dir, worktree, cfg.protected, result)
-    result = within_budget(cfg, result, allowance_s)
+    judged = within_budget(cfg, result, allowance_s, baseline_cpu_s, has_gpu(extra.get("CUDA_VISIBLE_DEVICES")))
+    if judged.reason != result.reason:  # the whole verdict, figures included, where the row's cut one points
+        with open(log_path, "a", encoding="utf-8") as log:
+            log.write(f"\nharness: {judged.reason}\n")
+    result = judged
     if cfg.evaluate_command and result.status == "ok":
         result = evaluate(cfg, worktree, space, base, choice, result, log_path, cancel)
     shutil.rmtree(space.root, ignore_errors=True)  # the saved model can be large; the logs stay
@@ -240,14 +242,29 @@ def job_outcome(result: TrainResult, log_path: Path) -> TrainResult:
     return replace(result, status="ok", reason="")
 
 
-def within_budget(cfg: RunConfig, result: TrainResult, allowance_s: float | None) -> TrainResult:
-    """Judged by the start-up allowance the supervisor measured on the baseline (budget.py). A
-    baseline run (allowance None) is not judged: the supervisor calibrates on its result."""
+def within_budget(cfg: RunConfig, result: TrainResult, allowance_s: float | None, baseline_cpu_s: float | None = None,
+                  gpu: bool = False) -> TrainResult:
+    """Judged by the start-up allowance and CPU rate the supervisor measured on the baseline
+    (budget.py). A baseline run (allowance None) is not judged: the supervisor calibrates on its
+    result. A job let off for a busy machine keeps its reason, and the run's events say so."""
     if result.status != "ok" or allowance_s is None:
         return result
     reported = budget.reported_seconds(result.metrics)
-    verdict = budget.judge(result.train_s, cfg.time_budget, allowance_s, reported)
+    verdict = budget.judge(result.train_s, cfg.time_budget, allowance_s, reported, budget.Usage.of(result, gpu),
+                           baseline_cpu_s)
+    if verdict.ok and verdict.reason:
+        events.record(cfg.run_dir, "loaded_machine", verdict.reason)
+        return replace(result, reason=verdict.reason)
     return result if verdict.ok else replace(result, status="invalid", reason=verdict.reason)
+
+
+def has_gpu(visible: str | None) -> bool:
+    """Could the job use a GPU: an NVIDIA device node here and CUDA_VISIBLE_DEVICES (the slot's,
+    else inherited) not empty. Such a job's work is not CPU time (budget.py)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False
+    return any(Path("/dev").glob("nvidia[0-9]*"))
 
 
 # ---------------------------------------------------------------------------
@@ -288,8 +305,8 @@ def export_training_data(cfg: RunConfig, worktree: Path, where: Path, base: str,
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     log = where / "train-data" / "export.log"
-    wrap = wrapper(choice, worktree=work, tmp_dir=tmp, output_dir=dest, readonly=[data_cache()],
-                   hidden=[p for p in (cfg.run_dir, cfg.repo / ".git", HARNESS_PACKAGE) if p.exists()])
+    wrap = wrapper(choice, worktree=work, tmp_dir=tmp, output_dir=dest, readonly=[view.data_cache()],
+                   hidden=[p for p in (cfg.run_dir, cfg.repo / ".git", view.HARNESS_PACKAGE) if p.exists()])
     bounds = limits.of(cfg, where).watching(private_tmp=tmp)  # the split itself may be larger than a job's files
     done = run_training(cfg.train_data_command, work, harness_env({"HARNESS_OUTPUT_DIR": str(dest)}),
                         log, metric="-", kill_after_s=cfg.kill_after, wrap=wrap, cancel=cancel, limits=bounds)
@@ -309,10 +326,10 @@ def evaluate(cfg: RunConfig, worktree: Path, space: Space, base: str, choice: sa
     result_file = space.eval_out / "result.json"
     eval_log = log_path.with_suffix(".eval.log")
     env = harness_env({"HARNESS_OUTPUT_DIR": str(space.out), "HARNESS_RESULT_FILE": str(result_file)})
-    hidden = [p for p in (cfg.run_dir, cfg.repo / "runs", cfg.repo / ".git", HARNESS_PACKAGE, Path(worktree))
+    hidden = [p for p in (cfg.run_dir, cfg.repo / "runs", cfg.repo / ".git", view.HARNESS_PACKAGE, Path(worktree))
               if p.exists()]
     wrap = wrapper(choice, worktree=space.evaluator, tmp_dir=space.eval_tmp, output_dir=space.eval_out,
-                   readonly=[space.out, data_cache()], hidden=hidden, network=False)
+                   readonly=[space.out, view.data_cache()], hidden=hidden, network=False)
     where = state_dir(cfg, log_path)
     with Worktree(worktree) as wt:
         at_base = wt.head() == base

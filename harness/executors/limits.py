@@ -151,9 +151,8 @@ class Cgroup:
 
     @classmethod
     def make(cls, limits: Limits) -> "Cgroup | None":
-        """The cgroup for limits' memory and pids bounds, or None where none can be made here."""
-        if not (limits.memory_mb or limits.pids):
-            return None
+        """The cgroup for limits' memory and pids bounds and for the job's CPU accounting (the
+        budget's judge reads it: executors/budget.py), or None where none can be made here."""
         name, own = f"harness-{os.getpid()}-{uuid.uuid4().hex[:12]}", _own_paths()
         if (CGROUP_ROOT / "cgroup.controllers").exists():
             group = cls._make_v2(name, own.get("", "/"), limits)
@@ -164,7 +163,7 @@ class Cgroup:
     @classmethod
     def _make_v1(cls, name: str, own: dict[str, str], limits: Limits) -> "Cgroup | None":
         dirs: dict[str, Path] = {}
-        for controller, wanted in (("memory", limits.memory_mb), ("pids", limits.pids)):
+        for controller, wanted in (("memory", limits.memory_mb), ("pids", limits.pids), ("cpuacct", True)):
             mount = CGROUP_ROOT / controller
             if wanted and mount.is_dir():
                 path = _make_dir(mount, own.get(controller, "/"), name)
@@ -177,7 +176,7 @@ class Cgroup:
             _write(dirs["memory"] / "memory.memsw.limit_in_bytes", str(limits.memory_mb * MB))  # no swap past it
         if "pids" in dirs:
             ok &= _write(dirs["pids"] / "pids.max", str(limits.pids))
-        if not ok:
+        if not ok or not (limits.memory_mb or limits.pids) and "cpuacct" not in dirs:
             group.remove()
             return None
         return group
@@ -187,7 +186,7 @@ class Cgroup:
         path = _make_dir(CGROUP_ROOT, own, name)
         if path is None:
             return None
-        group = cls(2, {"memory": path, "pids": path})
+        group = cls(2, {"memory": path, "pids": path, "cpuacct": path})  # cpu.stat is in every v2 cgroup
         enabled = (path / "cgroup.controllers").read_text().split() if path.exists() else []
         ok = all(c in enabled for c, wanted in (("memory", limits.memory_mb), ("pids", limits.pids)) if wanted)
         if ok and limits.memory_mb:
@@ -199,6 +198,19 @@ class Cgroup:
             group.remove()
             return None
         return group
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds every process the cgroup ever held has used, by the kernel's accounting
+        (a process the job left unreaped is counted too); None where the cgroup does not account."""
+        path = self.dirs.get("cpuacct")
+        if path is None:
+            return None
+        if self.version == 1:
+            with contextlib.suppress(OSError, ValueError):
+                return int((path / "cpuacct.usage").read_text().split()[0]) / 1e9
+            return None
+        usec = _counter(path / "cpu.stat", "usage_usec")
+        return usec / 1e6 if (path / "cpu.stat").exists() else None
 
     def procs_files(self) -> list[str]:
         return sorted({str(d / "cgroup.procs") for d in self.dirs.values()})
@@ -233,6 +245,60 @@ class Cgroup:
                     break
                 except OSError:
                     threading.Event().wait(0.05)
+
+
+class Stalls:
+    """How long the job's most-delayed thread waited on a run queue (runnable, not running), from
+    each thread's /proc/<pid>/task/<tid>/schedstat, sampled every STALL_EVERY_S while it runs (a
+    thread that lived between two samples is missed: the figure errs low, never high). A job that
+    sleeps past its budget waits on no run queue; one slowed by other work does."""
+
+    def __init__(self, group: Cgroup | None):
+        self.group, self.seen, self.next_s = group, {}, 0.0
+
+    def sample(self, now: float) -> None:
+        if self.group is None or now < self.next_s:
+            return
+        self.next_s = now + STALL_EVERY_S
+        path = next(iter(self.group.dirs.values()), None)
+        with contextlib.suppress(OSError):
+            pids = (path / "cgroup.procs").read_text().split() if path is not None else []
+            for pid in pids:
+                with contextlib.suppress(OSError), os.scandir(f"/proc/{pid}/task") as tasks:
+                    for task in tasks:
+                        with contextlib.suppress(OSError, ValueError, IndexError):
+                            delay = int(Path(task.path, "schedstat").read_text().split()[1])
+                            key = (pid, task.name)
+                            self.seen[key] = max(self.seen.get(key, 0), delay)
+
+    @property
+    def max_s(self) -> float | None:
+        return max(self.seen.values()) / 1e9 if self.seen else None
+
+
+STALL_EVERY_S = 1.0  # s between samples of the job's threads' run-queue waits
+
+
+def idle_ticks() -> tuple[int, int] | None:
+    """(idle + iowait ticks, CPUs) summed over the CPUs this process may run on, from /proc/stat
+    (USER_HZ ticks): what the machine left unused, whoever else runs on it."""
+    try:
+        cpus = os.sched_getaffinity(0)
+        idle = 0
+        for line in Path("/proc/stat").read_text().splitlines():
+            name, *fields = line.split()
+            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+                idle += int(fields[3]) + int(fields[4])
+        return idle, len(cpus)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def idle_cpus(before: tuple[int, int] | None, after: tuple[int, int] | None, wall_s: float) -> float | None:
+    """The mean number of CPUs left idle between two idle_ticks() readings wall_s apart."""
+    if before is None or after is None or wall_s <= 0 or before[1] != after[1]:
+        return None
+    return max(0.0, (after[0] - before[0]) / os.sysconf("SC_CLK_TCK") / wall_s)
 
 
 def prefix(limits: Limits, group: Cgroup | None) -> list[str]:

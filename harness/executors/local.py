@@ -29,7 +29,7 @@ def train_once(cfg: RunConfig, worktree: Path, log_path: Path, seed: int, gpu: s
     """Train the code in worktree once under the hard deadline (cancel set = KeyboardInterrupt):
     sandboxed, timed by the harness, protected files checked before and after, the metric from the
     workload's separate evaluation when it has one (evaluation.py). trusted: the run's baseline as
-    the Job carries it (baseline, protected_sha256, allowance_s); None = a throwaway run's."""
+    the Job carries it (baseline, protected_sha256, allowance_s, baseline_cpu_s); None = a throwaway run's."""
     result = evaluation.train(cfg, worktree, log_path, seed, cancel=cancel, gpu=gpu,
                               job_env=track.job_env(cfg, iteration, commit), **(trusted or {}))
     return replace(result, node=result.node or socket.gethostname())  # the ledger's node column
@@ -37,7 +37,8 @@ def train_once(cfg: RunConfig, worktree: Path, log_path: Path, seed: int, gpu: s
 
 def trusted_fields(job: Job) -> dict[str, Any]:
     """What a job carries of the run's trusted baseline, as train_once takes it."""
-    return {"baseline": job.baseline, "protected_sha256": dict(job.protected_sha256), "allowance_s": job.allowance_s}
+    return {"baseline": job.baseline, "protected_sha256": dict(job.protected_sha256), "allowance_s": job.allowance_s,
+            "baseline_cpu_s": job.baseline_cpu_s}
 
 
 @dataclass

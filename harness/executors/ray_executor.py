@@ -224,7 +224,8 @@ class RayExecutor(ThreadedExecutor):
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
         token = uuid.uuid4().hex
         spec = {"token": token, "seed": job.seed, "iteration": job.iteration, "commit": job.commit,
-                "protected_sha256": dict(job.protected_sha256), "allowance_s": job.allowance_s}
+                "protected_sha256": dict(job.protected_sha256), "allowance_s": job.allowance_s,
+                "baseline_cpu_s": job.baseline_cpu_s}
         opts = ray_options(self.resources)
         if node_id is not None:
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)

@@ -32,6 +32,15 @@ SHEBANG_BYTES = 256  # enough of a script's first line to read its `#!`
 QUERY = "import json, sys; print(json.dumps([sys.executable, sys.prefix, sys.base_prefix, sys.path]))"
 
 
+HARNESS_PACKAGE = Path(__file__).resolve().parent.parent  # hidden from every sandbox (a wheel holds the corpus)
+DATA_CACHE = Path.home() / ".cache" / "autoresearch-harness"  # prepare.py's default HARNESS_CACHE_DIR
+
+
+def data_cache() -> Path:
+    """Where the bundled workload keeps its prepared splits (train and validation)."""
+    return Path(os.environ.get("HARNESS_CACHE_DIR") or DATA_CACHE)
+
+
 class ViewError(Exception):
     """The program a sandbox should run cannot be shown to it (what to fix is in the message)."""
 
@@ -150,10 +159,10 @@ def _is_python(program: str) -> bool:
     return bool(PYTHON_RE.match(Path(program).name)) or bool(PYTHON_RE.match(Path(os.path.realpath(program)).name))
 
 
-def _shebang_python(program: str, path_var: str) -> str | None:
-    """The Python a script's `#!` names (`#!/usr/bin/env python3` through PATH), else None."""
+def shebang(script: str | Path) -> str | None:
+    """The program a script's `#!` line runs (after `env`, its settings and flags), or None (a binary)."""
     try:
-        with open(program, "rb") as f:
+        with open(script, "rb") as f:
             first = f.read(SHEBANG_BYTES).split(b"\n", 1)[0].decode(errors="replace")
     except OSError:
         return None
@@ -161,10 +170,14 @@ def _shebang_python(program: str, path_var: str) -> str | None:
         return None
     words = first[2:].split()
     if words and Path(words[0]).name == "env":
-        words = [w for w in words[1:] if not w.startswith("-")]
-    if not words or not PYTHON_RE.match(Path(words[0]).name):
-        return None
-    return _which(words[0], path_var)
+        words = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+    return words[0] if words else None
+
+
+def _shebang_python(program: str, path_var: str) -> str | None:
+    """The Python a script's `#!` names (`#!/usr/bin/env python3` through PATH), else None."""
+    name = shebang(program)
+    return _which(name, path_var) if name and PYTHON_RE.match(Path(name).name) else None
 
 
 @functools.lru_cache(maxsize=64)
