@@ -19,11 +19,12 @@ pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is no
 SLOW_TRAIN = FAKE_TRAIN.replace("SLEEP_S = 0.0", "SLEEP_S = 1.5")
 # A `cmd:` researcher under a long name (a long label) that lowers VALUE by 10% and reports its
 # tokens and cost, so every figure of the panel has a value to show.
-RESEARCHER = """import json, re, sys
+RESEARCHER = """import json, re, sys, uuid
 path = sys.argv[1] + "/train.py"
 src = open(path).read()
 value = float(re.search(r"^VALUE = ([0-9.]+)", src, re.M).group(1)) * 0.9
-open(path, "w").write(re.sub(r"^VALUE = .*$", f"VALUE = {value:.4f}", src, count=1, flags=re.M))
+src = re.sub(r"^VALUE = .*$", f"VALUE = {value:.4f}", src, count=1, flags=re.M)
+open(path, "w").write(src + f"# {uuid.uuid4()}\\n")  # never the same code twice: every call trains
 print(json.dumps({"input_tokens": 1500, "output_tokens": 250, "cost_usd": 0.0125,
                   "description": f"VALUE to {value:.4f}"}))
 """
@@ -169,10 +170,10 @@ def test_live_panel_fits_any_width_and_never_cuts_a_figure(tmp_path: Path, tmux:
     the table (the label gives way, no figure), at 80 and 40 (a half-width pane) the compact layout."""
     repo = make_repo(tmp_path / "r", train_source=FAKE_TRAIN.replace("SLEEP_S = 0.0", "SLEEP_S = 2.5"))
     cmd = harness_cmd("run", "--repo", repo, "--tag", "wide", "--agent", f"'{cmd_agent(tmp_path)}'",
-                      "--iterations", "12", "--baseline-runs", "1", "--gpus", "0,1",
+                      "--iterations", "20", "--baseline-runs", "1", "--gpus", "0,1",
                       "--time-budget", "30") + "; sleep 60"
     tmux("new-session", "-d", "-s", "wide", "-x", "220", "-y", "40", cmd)
-    tmux.wait_for("wide", "$0.01", "training iteration", timeout_s=120)  # a researched row is in
+    tmux.wait_for("wide", "VALUE to 0.9000", "training iteration", timeout_s=120)  # a researched row is in
     for width, table in ((220, True), (120, True), (80, False), (40, False)):
         tmux("resize-window", "-t", "wide", "-x", str(width), "-y", "40")
         time.sleep(1.5)  # the panel redraws twice a second at the terminal's new width
@@ -186,7 +187,7 @@ def test_live_panel_fits_any_width_and_never_cuts_a_figure(tmp_path: Path, tmux:
         assert figures["GPU"] != "-"  # filled: the share of the time the GPUs trained
         if width == 220:  # the label, shortened to the researcher's script, whole
             assert "no model (cmd: a_researcher_with_a_rather_long_name_for_tonight.py)" in screen, screen
-    tmux.wait_for("wide", "reached --iterations 12", timeout_s=240)
+    tmux.wait_for("wide", "reached --iterations 20", timeout_s=300)
 
 
 def test_overnight_default_window_both_panes_readable(tmp_path: Path, tmux: Tmux):
@@ -225,8 +226,8 @@ def test_overnight_default_window_both_panes_readable(tmp_path: Path, tmux: Tmux
     panel = last_panel(screen)
     assert "┃" not in "".join(panel) and all(len(line) <= left for line in panel), screen
     assert_whole(panel_figures(panel), gpu=False, screen=screen)
-    screen = tmux.wait_for("harness-nite:0.1", "baseline:", "improvement", "cost:",
-                           timeout_s=120)
+    screen = tmux.wait_for("harness-nite:0.1", "baseline:      1.000000", "improvement", "cost:",
+                           timeout_s=120)  # the baseline's row is in
     lines = [line for line in screen.splitlines() if line.strip()]
     assert all(len(line) <= right for line in lines) and len(screen.splitlines()) <= 24
     assert any(line.startswith("baseline:") for line in lines)  # one figure a line, not wrapped
