@@ -21,7 +21,7 @@ from .lazy import lazy_function, lazy_module
 # Loaded on first use: `harness elo`, `report` and `--help` need none of the run machinery.
 driver, pipeline_mod, rerun_mod, runs, status_mod, trainenv, track_mod = (
     lazy_module(f"harness.{m}") for m in ("driver", "pipeline", "rerun", "runs", "status", "trainenv", "track"))
-from .cli_display import Display, Watched, literal, summary_text
+from .cli_display import Display, Watched, agent_label, literal, summary_text
 from .config import read_repo_settings, resolve, with_run_settings
 from .errors import HarnessError
 default_tag, init_example, init_repo = (lazy_function("harness.initrepo", f)  # initrepo imports GitPython
@@ -176,8 +176,7 @@ def pick_agent(repo: Path, agent: str | None, model: str | None, options: dict[s
 
 
 def watched(cfg) -> Watched:
-    label = f"{cfg.model or 'no model'} ({cfg.agent})"
-    return Watched("", label, cfg.run_dir, hours=cfg.hours, iterations=cfg.iterations,
+    return Watched("", agent_label(cfg.model, cfg.agent), cfg.run_dir, hours=cfg.hours, iterations=cfg.iterations,
                    lanes=max(1, len(cfg.gpus)))
 
 
@@ -363,7 +362,8 @@ def watch_status(repo: Path, tag: str | None, interval: float, width: int | None
         ref = status_mod.find_run(repo, name, must_exist=False) if name else None
         if ref is None:
             return Text(status_mod.waiting_text(repo, name or "(none yet)"), no_wrap=True, overflow="ellipsis")
-        return Text(status_mod.render_text(ref, width or console.width), no_wrap=True, overflow="ellipsis")
+        return Text(status_mod.render_text(ref, width or console.width, height=console.height), no_wrap=True,
+                    overflow="ellipsis")
 
     try:
         with Live(frame(), console=console, auto_refresh=False, vertical_overflow="crop") as live:
@@ -494,16 +494,17 @@ def ab_watched(repo: Path, tag: str, arms: dict[str, tuple[str | None, str | Non
             name = unit_name(arm, k, repeats)
             agent_ = agent or old.get(name, {}).get("agent") or settings.get("agent") or "mutate"
             model_ = resolve_model(model) or old.get(name, {}).get("model")
-            out.append(Watched(name, f"{model_ or 'no model'} ({agent_})", Path(repo).resolve() / "runs" / tag / name,
-                               hours=flags.get("hours"), iterations=flags.get("iterations")))
+            out.append(Watched(name, agent_label(model_, agent_), Path(repo).resolve() / "runs" / tag / name,
+                               hours=flags.get("hours"), iterations=flags.get("iterations"),
+                               researcher=f"{model_ or 'no model'} ({agent_})"))
     return out
 
 
 def announce_arms(display: Display) -> None:
     """Both arms' researcher and model before anything starts, and a warning when they are the same."""
-    labels = [w.label for w in display.runs.values()]
-    for w in display.runs.values():
-        say(("arm " + w.name, "bold cyan"), ": " + w.label)
+    labels = [w.researcher or w.label for w in display.runs.values()]
+    for w, label in zip(display.runs.values(), labels):
+        say(("arm " + w.name, "bold cyan"), ": " + label)
     if len(set(labels)) == 1:
         say(("warning", "bold yellow"), f": both arms run the same researcher ({labels[0]}); the comparison "
             "measures run-to-run noise, not two models. Pass --model-a/--model-b (or --agent-a/--agent-b).")

@@ -58,7 +58,7 @@ def short(n: float) -> str:
 class Watched:
     """One run (or one A/B arm) on screen."""
     name: str  # arm name, "" for a single run
-    label: str  # model (agent)
+    label: str  # model (agent), the agent shortened (agent_label)
     run_dir: Path
     hours: float | None = None
     iterations: int | None = None
@@ -70,11 +70,17 @@ class Watched:
     train_total_s: float = 0.0
     now: dict[Any, dict[int, str]] = field(default_factory=dict)  # lane -> iteration -> phase
     stopped: str = ""
+    gpus: bool = False  # the run trains on GPUs (run.json: --gpus, an arm's GPU, or a GPU device)
+    baseline_t0: float | None = None  # monotonic time the baseline started training
+    baseline_runs: int = 1  # how many times it trains (--baseline-runs)
+    researcher: str = ""  # the label unshortened (a cmd: template's whole command line)
 
     def reload(self) -> None:
         path = self.run_dir / "results.tsv"
         rows = ledger.read_rows(path)
-        manifest = _read_json(self.run_dir / "run.json").get("config", {})
+        run = _read_json(self.run_dir / "run.json")
+        manifest = run.get("config", {})
+        self.gpus = bool(manifest.get("gpus") or manifest.get("gpu")) or has_gpu_device(run.get("device"))
         self.head = figures.headline(rows, ledger.metric_name(path) or "metric",
                                      manifest.get("direction", "minimize"))
         exp = figures.experiments(rows)
@@ -92,8 +98,16 @@ class Watched:
         return statistics.fmean(self.walls[-20:]) / max(1, self.lanes) if self.walls else None
 
     def eta_s(self, elapsed_s: float, ab: bool) -> float | None:
-        """Seconds left: --hours (per arm, counted from the ledger in `harness ab`) or
-        --iterations times the measured mean iteration time; the smaller when both are set."""
+        return self.eta(elapsed_s, ab)[0]
+
+    def eta(self, elapsed_s: float, ab: bool) -> tuple[float | None, bool]:
+        """(seconds left, True when only a lower bound): --hours (per arm, counted from the ledger
+        in `harness ab`) or --iterations times the measured mean iteration time; the smaller when
+        both are set. While the baseline trains nothing is measured yet: an iteration trains once,
+        at least about as long as each of the baseline's runs has so far, so --iterations gives
+        a lower bound."""
+        if self.stopped:
+            return 0.0, False
         options = []
         if self.hours is not None:
             spent = self.wall_total_s if ab else elapsed_s
@@ -101,9 +115,17 @@ class Watched:
         mean = self.mean_iteration_s()
         if self.iterations is not None and mean is not None:
             options.append(max(0, self.iterations - self.iteration) * mean)
-        if self.stopped:
-            return 0.0
-        return min(options) if options else None
+        elif self.iterations is not None and self.baseline_t0 is not None:
+            so_far = time.monotonic() - self.baseline_t0
+            bound = self.iterations * so_far / max(1, self.baseline_runs) / max(1, self.lanes)
+            if not options or bound < min(options):
+                return bound, True
+        return (min(options), False) if options else (None, False)
+
+    def why_no_eta(self) -> str:
+        if self.hours is None and self.iterations is None:
+            return "no --hours or --iterations"
+        return "the baseline has not started"
 
     def doing(self) -> str:
         if self.stopped:
@@ -165,7 +187,7 @@ class Display:
         if self.live is not None:
             self.live.__exit__(*exc)
             self.live = None
-            self.console.print(self.panel())  # the last state stays on screen
+            self.console.print(self)  # the last state stays on screen
 
     def print(self, text: Text) -> None:
         """Queued under the state's lock, written by flush() once it is released: rich's refresh
@@ -193,6 +215,8 @@ class Display:
         lane = data.get("lane")
         if event == "baseline":
             w.now = {None: {0: "training the baseline"}}
+            w.baseline_t0, w.baseline_runs = time.monotonic(), int(data.get("runs") or 1)
+            w.reload()
             self.print(literal(prefix, ("baseline", "bold"), f" training commit {data['commit'][:12]} ..."))
         elif event == "start":
             w.lanes = data.get("lanes") or w.lanes  # Ray: as many as the cluster's slots
@@ -242,54 +266,151 @@ class Display:
     def elapsed_s(self) -> float:
         return time.monotonic() - self.start
 
-    def total_eta_s(self) -> float | None:
-        etas = [w.eta_s(self.elapsed_s(), self.ab) for w in self.runs.values()]
-        if any(e is None for e in etas):
-            return None
-        return max(etas) if self.schedule == "parallel" or not self.ab else sum(etas)
+    def total_eta(self) -> tuple[float | None, bool]:
+        """The ETA of everything on screen, and whether it is only a lower bound."""
+        etas = [w.eta(self.elapsed_s(), self.ab) for w in self.runs.values()]
+        if any(e is None for e, _ in etas):
+            return None, False
+        seconds = [e for e, _ in etas]
+        total = max(seconds) if self.schedule == "parallel" or not self.ab else sum(seconds)
+        return total, any(bound for _, bound in etas)
 
-    def figures_line(self, w: Watched) -> str:
+    def total_eta_s(self) -> float | None:
+        return self.total_eta()[0]
+
+    def eta_text(self, eta: tuple[float | None, bool], why: str) -> str:
+        seconds, at_least = eta
+        if seconds is None:
+            return f"ETA unknown ({why})"
+        return f"ETA {'≥' if at_least else ''}{clock(seconds)}" + (" (from the baseline so far)" if at_least else "")
+
+    def figures_line(self, w: Watched) -> str:  # noqa: D102
         h = w.head
         if h is None:
             return "no figures yet"
         keep = "-" if h.keep_rate is None else f"{h.counts.get('keep', 0)}/{h.experiments} ({h.keep_rate:.0%})"
-        duty = "-" if not w.wall_total_s else f"{w.train_total_s / w.wall_total_s:.0%}"
-        cost = "unknown" if h.cost_usd is None else f"${h.cost_usd:.4f}"
-        return (f"elapsed {clock(self.elapsed_s())}, ETA {clock(w.eta_s(self.elapsed_s(), self.ab))}; "
+        cost = short_cost(h)
+        gpu = f"GPU duty {duty_text(w)}; " if w.gpus else ""
+        return (f"elapsed {clock(self.elapsed_s())}, {self.eta_text(w.eta(self.elapsed_s(), self.ab), w.why_no_eta())}; "
                 f"best {figures_fmt(h.best)} ({figures.signed(h.improvement)}); keep {keep}; "
-                f"GPU duty {duty}; tokens {short(h.input_tokens)} in/{short(h.output_tokens)} out; cost {cost}")
+                f"{gpu}tokens {short(h.input_tokens)} in/{short(h.output_tokens)} out; cost {cost}")
 
-    def panel(self) -> Table:
+    # --- the panel: a table where it fits, else one figure after another ----------------
+    #
+    # The figures are never cut: in the table only the researcher's label and what it is doing
+    # give way; below the table's width the same figures flow as `label value` pairs under
+    # shortened labels, each whole, so a half-width tmux pane (40 columns) still reads them.
+
+    def header(self) -> list[str]:
+        eta = self.total_eta()
+        why = next((w.why_no_eta() for w in self.runs.values() if w.eta(self.elapsed_s(), self.ab)[0] is None), "")
+        return [f"elapsed {clock(self.elapsed_s())}", self.eta_text(eta, why)]
+
+    def columns(self) -> list[tuple[str, str]]:
+        """(table header, compact label) of the figure columns, GPU duty only where there are GPUs."""
+        cols = [("iter", "iter"), ("best", "best"), ("improv.", "impr"), ("keep", "keep")]
+        if any(w.gpus for w in self.runs.values()):
+            cols.append(("GPU", "GPU"))
+        return cols + [("tokens", "tok"), ("cost", "cost")]
+
+    def panel(self, width: int | None = None) -> Table | Group:
         with self.lock:
-            eta = self.total_eta_s()
-            table = Table(title=None, caption=None, expand=False, show_edge=True, pad_edge=False,
-                          title_justify="left")
-            header = f"elapsed {clock(self.elapsed_s())}   ETA {clock(eta)}" + (
-                "" if eta is not None else " (no --hours or --iterations)")
-            table.title = header
-            for col in ("run", "iter", "best", "improv.", "keep", "GPU", "tokens", "cost", "now"):
-                table.add_column(col, overflow="fold" if col == "now" else "ellipsis",
-                                 no_wrap=col != "now")
-            for w in self.runs.values():
-                table.add_row(*self.cells(w))
-            return table
+            width = width or self.console.width
+            cols = self.columns()
+            rows = [(w, self.cells(w, [c for c, _ in cols])) for w in self.runs.values()]
+            figures_w = [max(len(head), *(len(cells[head]) for _, cells in rows)) for head, _ in cols]
+            # borders and padding: 3 columns per cell, 1 for the edge; the label and `now` at least 12
+            if width >= sum(figures_w) + 3 * (len(cols) + 2) + 1 + 2 * MIN_FLEX:
+                return self.table(cols, rows)
+            return self.compact(cols, rows, width)
 
-    def cells(self, w: Watched) -> list[Text]:
+    def table(self, cols: list[tuple[str, str]], rows: list[tuple[Watched, dict[str, str]]]) -> Table:
+        table = Table(title="   ".join(self.header()), caption=None, expand=False, show_edge=True,
+                      pad_edge=False, title_justify="left")
+        table.add_column("run", no_wrap=False, overflow="ellipsis", min_width=MIN_FLEX)
+        for head, _ in cols:
+            table.add_column(head, no_wrap=True)
+        table.add_column("now", no_wrap=False, overflow="fold", min_width=MIN_FLEX)
+        for w, cells in rows:
+            table.add_row(Text(self.name(w), no_wrap=True, overflow="ellipsis"),
+                          *[Text(cells[head]) for head, _ in cols], Text(cells["now"]))
+        return table
+
+    def compact(self, cols: list[tuple[str, str]], rows: list[tuple[Watched, dict[str, str]]],
+                width: int) -> Group:
+        lines = [Text(line) for line in flow(self.header(), width)]
+        for w, cells in rows:
+            lines.append(Text(self.name(w), style="bold", no_wrap=True, overflow="ellipsis"))
+            items = [f"{short_label} {cells[head]}" for head, short_label in cols]
+            lines += [Text(line, overflow="fold") for line in flow(items, width)]
+            lines.append(Text("now " + cells["now"], overflow="fold"))
+        return Group(*lines)
+
+    def name(self, w: Watched) -> str:
+        return (w.name + " " if w.name else "") + w.label
+
+    def cells(self, w: Watched, heads: list[str]) -> dict[str, str]:
         h = w.head
         target = f"/{w.iterations}" if w.iterations is not None else ""
-        name = (w.name + " " if w.name else "") + w.label
+        out = dict.fromkeys(heads, "-")
+        out["iter"] = f"{w.iteration}{target}"
+        out["now"] = w.doing()
         if h is None:
-            return [Text(name), Text(f"{w.iteration}{target}")] + [Text("-")] * 6 + [Text(w.doing())]
-        keep = "-" if h.keep_rate is None else f"{h.counts.get('keep', 0)}/{h.experiments} {h.keep_rate:.0%}"
-        duty = "-" if not w.wall_total_s else f"{w.train_total_s / w.wall_total_s:.0%}"
+            return out
         mean = w.mean_iteration_s()
-        return [Text(name), Text(f"{w.iteration}{target}" + (f" ~{mean:.0f}s" if mean else "")),
-                Text(figures_fmt(h.best)), Text(figures.signed(h.improvement)), Text(keep), Text(duty),
-                Text(f"{short(h.input_tokens + h.output_tokens)}"),
-                Text("unknown" if h.cost_usd is None else f"${h.cost_usd:.2f}"), Text(w.doing())]
+        out["iter"] += f" ~{mean:.0f}s" if mean else ""
+        out["best"] = figures_fmt(h.best)
+        out["improv."] = figures.signed(h.improvement)
+        out["keep"] = "-" if h.keep_rate is None else f"{h.counts.get('keep', 0)}/{h.experiments} {h.keep_rate:.0%}"
+        if "GPU" in out:
+            out["GPU"] = duty_text(w)
+        out["tokens"] = short(h.input_tokens + h.output_tokens)
+        out["cost"] = short_cost(h)  # as status and the log lines
+        return out
 
-    def __rich__(self) -> Group:
-        return Group(self.panel())
+    def __rich_console__(self, console: Console, options: Any):
+        yield self.panel(options.max_width)
+
+
+MIN_FLEX = 12  # columns the table gives the label and `now` at least; below that: the compact layout
+
+
+def flow(items: list[str], width: int, sep: str = "  ") -> list[str]:
+    """Whole items on as few lines of width as they fit (an item wider than a line: a line of its own)."""
+    lines: list[str] = []
+    for item in items:
+        if lines and len(lines[-1]) + len(sep) + len(item) <= width:
+            lines[-1] += sep + item
+        else:
+            lines.append(item)
+    return lines
+
+
+def duty_text(w: Watched) -> str:
+    """The fraction of wall time spent training: what the GPUs were busy with."""
+    return "-" if not w.wall_total_s else f"{w.train_total_s / w.wall_total_s:.0%}"
+
+
+def has_gpu_device(device: Any) -> bool:
+    """run.json's device: the first GPU's name, or `cpu (arch)` (runs.device_name)."""
+    return bool(device) and not str(device).startswith("cpu")
+
+
+def agent_label(model: str | None, agent: str) -> str:
+    """The researcher as the screen names it: `model (agent)`; a `cmd:` template by its program,
+    not its whole command line (`cmd: researcher.py`), so the label does not crowd the figures."""
+    if agent.startswith("cmd:"):
+        words = [Path(wd).name for wd in agent[len("cmd:"):].split() if "{" not in wd and not wd.startswith("-")]
+        scripts = [wd for wd in words[1:] if "." in wd]  # `python3 researcher.py`: the script names it
+        agent = "cmd: " + (scripts[0] if scripts and _interpreter(words[0]) else words[0] if words else "?")
+    return f"{model or 'no model'} ({agent})"
+
+
+def _interpreter(program: str) -> bool:
+    return program.split(".")[0].rstrip("0123456789") in INTERPRETERS
+
+
+INTERPRETERS = ("python", "node", "bash", "sh", "uv", "ruby", "perl", "deno", "bun")
 
 
 def figures_fmt(value: float | None) -> str:
@@ -297,7 +418,8 @@ def figures_fmt(value: float | None) -> str:
 
 
 def row_text(row: ledger.Row, best: float | None, prefix: Any = "") -> Text:
-    metric = "-" if row.metric is None else f"{row.metric:.6f}"
+    value = row.mean if row.mean is not None and row.status != "repeat" else row.metric  # the decided value
+    metric = "-" if value is None else f"{value:.6f}"
     wall = f"  ({row.wall_s:.0f}s)" if row.wall_s is not None else ""
     return literal(prefix, f"{row.iteration:>4} ", (f"{row.status:8}", STATUS_STYLE.get(row.status, "red")),
                    f" {metric}  best {figures_fmt(best)}  ", row.description[:120], wall)
@@ -324,3 +446,10 @@ def summary_text(summary: Any, label: str = "") -> Text:
     cost = figures.cost_text(h.cost_usd, getattr(h, "unknown_usage_calls", 0))
     out.append(f"tokens in {h.input_tokens}, out {h.output_tokens}; cost {cost}")
     return out
+
+
+def short_cost(h: Any) -> str:
+    """The cost in a line or a cell: `>=$X` when some calls' usage is unknown (figures.cost_text)."""
+    if h.cost_usd is None:
+        return "unknown"
+    return f"{'>=' if getattr(h, 'unknown_usage_calls', 0) else ''}${h.cost_usd:.4f}"

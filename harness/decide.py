@@ -66,6 +66,17 @@ def decide(s: GateSettings, values: list[float], best: float, n_best: int,
     return KEEP, thr
 
 
+def why_discarded(s: GateSettings, values: list[float], best: float, thr: float) -> str:
+    """Why a discarded candidate whose value beats the best was not kept (its improvement did not
+    clear the bar: the noise, or --min-delta); "" when it did not beat the best."""
+    mean = statistics.fmean(values)
+    if improvement(mean, best, s.direction) <= 0:
+        return ""
+    bar, sign = (best - thr, "<") if s.direction == "minimize" else (best + thr, ">")
+    noise = s.gate == "noise" and thr > s.min_delta
+    return f"{'within the noise' if noise else 'under --min-delta'}: needs {sign} {bar:.6f}"
+
+
 def runs_of(rows: list[dict[str, Any]], iteration: int) -> list[float]:
     """Every measured run of one candidate's code: its first run, then its repeats (confirmation
     runs, re-runs of the best at health checkpoints) in ledger order."""

@@ -124,6 +124,8 @@ class Headline:
     cost_usd: float | None = None  # None = unknown (a call whose tokens are known had no price); with
     # unknown_usage_calls, the cost of the calls that reported usage: the run cost at least this
     unknown_usage_calls: int = 0  # researcher calls killed before they reported usage (spend.unknown)
+    baseline_runs: int | None = None  # training runs behind the baseline's value (its mean when > 1)
+    best_runs: int | None = None  # training runs behind the best's value (1 + its confirmations)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -157,6 +159,8 @@ def headline(rows: list[dict[str, Any]], metric: str = "metric", direction: str 
         cost_usd=None if costs.isna().any() else float(costs.sum()),
         unknown_usage_calls=int((df["agent_s"].notna() & df["iteration"].fillna(0).gt(0)
                                  & df["input_tokens"].isna() & df["output_tokens"].isna()).sum()),
+        baseline_runs=None if base_row is None else _runs(base_row),
+        best_runs=None if best_row is None else _runs(best_row),
     )
 
 
@@ -168,6 +172,12 @@ def cost_text(cost_usd: float | None, unknown_calls: int = 0, digits: int = 4) -
         return (f"at least ${cost_usd:.{digits}f}; {unknown_calls} call{'s' * (unknown_calls != 1)} "
                 f"with unknown usage")
     return f"${cost_usd:.{digits}f}"
+
+
+def _runs(row: "pd.Series") -> int:
+    """How many training runs a decided row's value is the mean of (1 when the ledger does not say)."""
+    n = known(row["runs"])
+    return int(n) if n else 1
 
 
 def signed(value: float | None, digits: int = 6) -> str:

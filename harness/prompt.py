@@ -15,11 +15,18 @@ def _num(value: Any, digits: int = 6) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _decided(row: dict[str, Any]) -> Any:
+    """The value a decision used (a confirmed candidate's mean), as the ledger's metric column holds it."""
+    if row.get("status") != "repeat" and row.get("mean") is not None:
+        return row["mean"]
+    return row.get("metric")
+
+
 def best_text(best: dict[str, Any] | None, metric: str, direction: str) -> str:
     goal = "lower" if direction == "minimize" else "higher"
     if best is None:
         return f"No result yet ({goal} {metric} is better)."
-    return (f"Current best {metric}: {_num(best.get('metric'))} at commit {best.get('commit', '')[:12]} "
+    return (f"Current best {metric}: {_num(_decided(best))} at commit {best.get('commit', '')[:12]} "
             f"({best.get('description', '')}). {goal.capitalize()} is better.")
 
 
@@ -33,7 +40,7 @@ def results_text(rows: list[dict[str, Any]], metric: str, limit: int) -> str:
         if len(desc) > MAX_DESCRIPTION_CHARS:
             desc = desc[: MAX_DESCRIPTION_CHARS - 3] + "..."
         lines.append(f"| {r.get('iteration', '')} | {str(r.get('commit') or '')[:8]} | "
-                     f"{_num(r.get('metric'))} | {r.get('status', '')} | {desc.replace('|', '/')} |")
+                     f"{_num(_decided(r))} | {r.get('status', '')} | {desc.replace('|', '/')} |")
     return "\n".join(lines)
 
 

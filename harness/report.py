@@ -124,7 +124,8 @@ def find_arms(paths: list[Path]) -> tuple[list[ArmData], dict[str, Any] | None]:
     for raw in paths:
         path = Path(raw)
         if path.is_file():
-            label = path.parent.name if path.name == "results.tsv" else path.stem
+            # its run folder's name; a relative `results.tsv` has no parent name, its folder has one
+            label = path.resolve().parent.name if path.name == "results.tsv" else path.stem
             found.append((label, path, path, None))
         elif (path / "ab.json").exists() or any((path / a / "results.tsv").exists() for a in ("a", "b")):
             setup = _read_json(path / "ab.json")

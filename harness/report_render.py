@@ -90,13 +90,22 @@ def _experiments_plot(summary: dict[str, Any], arms) -> bytes:
     return _png(fig)
 
 
+PROGRESS_PLOTS = (("best_vs_wall", "wall_h", "wall time (hours)", "wall time"),
+                  ("best_vs_tokens", "tokens_m", "cumulative tokens (millions)", "tokens"),
+                  ("best_vs_cost", "cost_usd", "cumulative cost (USD)", "cost"))
+
+
 def plots(summary: dict[str, Any], arms, series: dict[str, dict[str, list]]) -> dict[str, bytes]:
-    return {
-        "best_vs_wall": _progress_plot(summary, series, "wall_h", "wall time (hours)"),
-        "best_vs_tokens": _progress_plot(summary, series, "tokens_m", "cumulative tokens (millions)"),
-        "best_vs_cost": _progress_plot(summary, series, "cost_usd", "cumulative cost (USD)"),
-        "experiments": _experiments_plot(summary, arms),
-    }
+    """The plots the ledgers have data for: a best-so-far plot needs one arm whose ledger records
+    its x (wall time, tokens, cost) beside a best; a plot of nothing is left out, with a note."""
+    out = {}
+    for name, key, xlabel, what in PROGRESS_PLOTS:
+        if any(x is not None and y is not None for s in series.values() for x, y in zip(s[key], s["best"])):
+            out[name] = _progress_plot(summary, series, key, xlabel)
+        else:
+            summary.setdefault("notes", []).append(f"No plot of the best against {what}: no ledger records it.")
+    out["experiments"] = _experiments_plot(summary, arms)
+    return out
 
 
 # ---------------------------------------------------------------------------

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import events, figures, ledger, spend
+from . import decide, events, figures, ledger, spend
 from .errors import HarnessError
 from .recovery import LOCK_NAME
 from .step import pending
@@ -127,10 +128,23 @@ def arm_state(run_dir: Path, last_events: int = 3) -> dict[str, Any]:
         # committed candidates without a row: in flight while a harness drives the run,
         # else left by an interruption for --resume to train
         "in_flight" if live else "waiting_for_resume": journals,
-        "last_rows": [{k: r.get(k) for k in ("iteration", "commit", "metric", "status", "description")}
-                      for r in rows[-10:]],
+        "last_rows": [shown_row(r, rows) for r in rows[-10:]],
         "events": len(happened), "last_events": happened[-last_events:],
     }
+
+
+def shown_row(row: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A ledger row as status shows it: `metric` is the value its decision used (the mean over the
+    runs of a confirmed candidate, as in the ledger's metric column and the best), with the runs
+    behind it; a `repeat` row is one run of its own."""
+    out = {k: row.get(k) for k in ("iteration", "commit", "metric", "status", "description")}
+    runs = row.get("runs") or 1
+    out["runs"] = runs
+    if row.get("status") != "repeat" and runs > 1:
+        out["metric"] = ledger.decided_value(row)
+        out["first_run"] = row.get("metric")
+        out["run_values"] = decide.runs_of(rows, int(row.get("iteration") or 0))[:runs]
+    return out
 
 
 def state(ref: RunRef) -> dict[str, Any]:
@@ -158,8 +172,9 @@ def cut(line: str, width: int) -> str:
     return line if len(line) <= width else line[: max(1, width - 1)] + "…"
 
 
-def figure_lines(s: dict[str, Any]) -> list[tuple[str, str]]:
-    """(label, value) pairs: the same figures for a run and for each A/B arm."""
+def figure_lines(s: dict[str, Any], narrow: bool = False) -> list[tuple[str, str]]:
+    """(label, value) pairs: the same figures for a run and for each A/B arm; narrow (an A/B arm's
+    column in a half-width pane): the same figures, their explanations left out, so none is cut."""
     f = s["figures"]
     cost = figures.cost_text(f["cost_usd"], f.get("unknown_usage_calls") or 0)
     keep = "-" if f["keep_rate"] is None else f"{f['keep_rate']:.0%}"
@@ -168,20 +183,52 @@ def figure_lines(s: dict[str, Any]) -> list[tuple[str, str]]:
     now = "running" if s["live"] else "not running"
     if s.get("in_flight"):
         now += ", training iteration " + ", ".join(str(j["iteration"]) for j in s["in_flight"])
+    unknown = s.get("unknown_usage_calls") or 0
+    if narrow:
+        tokens = f"{short(f['input_tokens'])}/{short(f['output_tokens'])}" + ("+?" if unknown else "")
+    else:
+        tokens = f"{f['input_tokens']}/{f['output_tokens']}" + unknown_note(unknown)
     return [
         ("researcher", f"{s.get('model') or '-'} ({s.get('agent') or '?'})"),
-        ("baseline", fmt(f["baseline"]) + (f" ({f['failed_baselines']} failed)" if f["failed_baselines"] else "")),
-        ("best", fmt(f["best"]) + (f" {f['best_commit'][:7]}" if f["best_commit"] else "")),
-        ("improvement", figures.signed(f["improvement"]) + f" ({better} {f['metric']} is better)"),
-        ("experiments", f"{f['experiments']}, keep rate {keep}"),
+        ("baseline", fmt(f["baseline"]) + runs_note(f.get("baseline_runs"), narrow)
+         + (f" ({f['failed_baselines']} failed)" if f["failed_baselines"] else "")),
+        ("best", fmt(f["best"]) + runs_note(f.get("best_runs"), narrow)
+         + (f" {f['best_commit'][:7]}" if f["best_commit"] else "")),
+        ("improvement", figures.signed(f["improvement"]) + ("" if narrow else f" ({better} {f['metric']} is better)")),
+        ("experiments", f"{f['experiments']}, keep {'' if narrow else 'rate '}{keep}"),
         ("outcomes", counts),
-        ("tokens in/out", f"{f['input_tokens']}/{f['output_tokens']}" + unknown_note(s.get("unknown_usage_calls") or 0)),
+        ("tokens" if narrow else "tokens in/out", tokens),
         ("cost", cost),
         ("supervisor", now),
     ]
 
 
-def render_text(ref: RunRef, width: int = 80, last: int = 8) -> str:
+def short(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e4 else str(n)
+
+
+def runs_note(runs: int | None, narrow: bool = False) -> str:
+    """After a value that is the mean of several training runs: how many."""
+    if not runs or runs < 2:
+        return ""
+    return f"×{runs}" if narrow else f" ({runs} runs)"
+
+
+def shown_status(r: dict[str, Any]) -> str:
+    return (r["status"] or "") + (f"×{r['runs']}" if r["status"] != "repeat" and (r.get("runs") or 1) > 1 else "")
+
+
+def render_text(ref: RunRef, width: int = 80, last: int = 8, height: int | None = None) -> str:
+    """The run's figures, then its latest rows and events; cut to width, and to height (a tmux
+    pane of 24 rows) by showing fewer of the latest rows, never fewer figures."""
+    text = _render_text(ref, width, last)
+    while height is not None and last > 1 and len(text.splitlines()) > height:
+        last -= 1
+        text = _render_text(ref, width, last)
+    return text
+
+
+def _render_text(ref: RunRef, width: int, last: int) -> str:
     lines = [f"run {ref.tag}" + (" (A/B)" if ref.is_ab else "") + f"   {ref.run_dir}"]
     states = {name: arm_state(d) for name, d in ref.arms.items()}
     if ref.is_ab:
@@ -195,11 +242,13 @@ def render_text(ref: RunRef, width: int = 80, last: int = 8) -> str:
             lines += ["", f"{title}no rows yet:", "the baseline trains first"]
             continue
         metric = s["figures"]["metric"]
-        lines += ["", f"{title}{'iter':>4} {'commit':7} {metric[:9]:>9} {'status':7} description"]
-        for r in s["last_rows"][-last:]:
+        shown = s["last_rows"][-last:]
+        status_w = max([7, *(len(shown_status(r)) for r in shown)])
+        lines += ["", f"{title}{'iter':>4} {'commit':7} {metric[:9]:>9} {'status':{status_w}} description"]
+        for r in shown:
             it = "" if r["iteration"] is None else r["iteration"]
             lines.append(f"{it:>4} {(r['commit'] or '')[:7]:7} {fmt(r['metric']):>9} "
-                         f"{r['status'] or '':7} {r['description'] or ''}")
+                         f"{shown_status(r):{status_w}} {r['description'] or ''}")
         for key, label in (("waiting_for_resume", "waiting for --resume"), ("in_flight", "in flight")):
             lines += [f"{label}: iteration {j['iteration']} ({j['commit'][:7]}) {j['description']}"
                       for j in s.get(key, [])]
@@ -209,15 +258,23 @@ def render_text(ref: RunRef, width: int = 80, last: int = 8) -> str:
     return "\n".join(cut(line, width) for line in lines)
 
 
+NARROW_COLUMN = 24  # an A/B arm's column narrower than this shows its figures without their explanations
+
+
 def side_by_side(states: dict[str, dict[str, Any]], width: int) -> list[str]:
     """The arms' figures in columns: label, then one column per arm."""
-    label_w = 12
+    label_w = 13
     col_w = max(8, (width - label_w) // max(1, len(states)) - 1)
-    per_arm = {name: figure_lines(s) for name, s in states.items()}
+    narrow = col_w < NARROW_COLUMN
+    per_arm = {name: figure_lines(s, narrow=narrow) for name, s in states.items()}
     lines = [f"{'':{label_w}}" + "".join(f" {cut('arm ' + name, col_w):{col_w}}" for name in states)]
     for i, (label, _) in enumerate(next(iter(per_arm.values()))):
-        cells = "".join(f" {cut(per_arm[name][i][1], col_w):{col_w}}" for name in states)
-        lines.append(f"{cut(label, label_w):{label_w}}" + cells)
+        # narrow: a value longer than its column goes on under it (outcomes, a commit), never cut
+        cells = {name: textwrap.wrap(per_arm[name][i][1], col_w) or [""] if narrow else [per_arm[name][i][1]]
+                 for name in states}
+        for k in range(max(len(c) for c in cells.values())):
+            row = "".join(f" {cut(c[k] if k < len(c) else '', col_w):{col_w}}" for c in cells.values())
+            lines.append(f"{cut(label, label_w) if k == 0 else '':{label_w}}" + row)
     return [line.rstrip() for line in lines]
 
 

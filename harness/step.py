@@ -395,8 +395,8 @@ def measure(ctx: Context, state: RunState, cand: Candidate, best_runs: int, sigm
         return Measured("", [], [], description, result, train_log,
                         cand.row(ctx, result.status, f"{description} [{result.reason}]", result, train_log))
     values, repeats = [result.value(cfg.metric)], []
-    verdict, _ = decide.decide(cfg.gate_settings, values, cand.best_before, best_runs, sigma,
-                               can_confirm=cfg.confirm > 0)
+    verdict, thr = decide.decide(cfg.gate_settings, values, cand.best_before, best_runs, sigma,
+                                 can_confirm=cfg.confirm > 0)
     if verdict == decide.CONFIRM:
         for j in range(1, cfg.confirm + 1):
             log_j = cfg.logs_dir / f"iter-{cand.iteration:04d}-r{j}.log"
@@ -406,11 +406,13 @@ def measure(ctx: Context, state: RunState, cand: Candidate, best_runs: int, sigm
             if rerun.status != "ok":
                 break
             values.append(rerun.value(cfg.metric))
-        verdict, _ = decide.decide(cfg.gate_settings, values, cand.best_before, best_runs, sigma,
-                                   can_confirm=False)
+        verdict, thr = decide.decide(cfg.gate_settings, values, cand.best_before, best_runs, sigma,
+                                     can_confirm=False)
         if len(values) < cfg.confirm + 1:
             verdict, description = decide.DISCARD, f"{description} [a confirmation run failed]"
-    return Measured(verdict, values, repeats, description, result, train_log)
+            return Measured(verdict, values, repeats, description, result, train_log)
+    why = decide.why_discarded(cfg.gate_settings, values, cand.best_before, thr) if verdict == decide.DISCARD else ""
+    return Measured(verdict, values, repeats, f"{description} [{why}]" if why else description, result, train_log)
 
 
 def _train_and_decide(ctx: Context, state: RunState, cand: Candidate) -> list[Row]:

@@ -267,6 +267,14 @@ def test_status_of_an_ab_tag_shows_both_arms_side_by_side(repo: Path):
     assert "arm b" in header  # side by side
     assert any(line.startswith("improvement") and line.count("+") + line.count("-") >= 2 for line in lines)
     data = status_json(repo, "ab4")
+    half = run_cli("status", "ab4", "--repo", repo, "--width", "39").stdout.split("\n\n")[0].splitlines()
+    assert all(len(line) <= 39 for line in half)
+    figures_block = half[half.index(next(line for line in half if line.startswith("baseline"))):]
+    assert not any("…" in line for line in figures_block), half  # a narrow column shows whole figures
+    for arm in data["arms"].values():
+        f = arm["figures"]
+        assert any(f"{f['experiments']}, keep {f['keep_rate']:.0%}" in line for line in half), half
+        assert sum(f"{k} {v}" in " ".join(half) for k, v in f["counts"].items()) == len(f["counts"]), half
     assert data["kind"] == "ab" and set(data["arms"]) == {"a", "b"}
     assert all(a["figures"]["experiments"] == 2 for a in data["arms"].values())
     assert status_json(repo, "ab4/a")["figures"] == data["arms"]["a"]["figures"]

@@ -1,7 +1,9 @@
 """The noise-aware keep rule: unit tests on constructed ledgers, and end to end with a noisy fake trainer."""
 from __future__ import annotations
 
+import re
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -190,3 +192,51 @@ def test_rerun_command(repo: Path, tmp_path: Path, monkeypatch):
     assert 0.001 < sd < 0.05
     assert git(repo, "worktree", "list").count("\n") == 0  # the scratch worktree is gone
     assert git(repo, "status", "--porcelain") == ""
+
+
+SET_VALUE = """import re, sys
+path = sys.argv[1] + "/train.py"
+src = open(path).read()
+open(path, "w").write(re.sub(r"^VALUE = .*$", "VALUE = " + sys.argv[2], src, count=1, flags=re.M))
+print("VALUE to " + sys.argv[2])
+"""
+
+
+def set_value_agent(tmp_path: Path, value: float) -> str:
+    (tmp_path / "set_value.py").write_text(SET_VALUE)
+    return f"cmd:{sys.executable} {tmp_path / 'set_value.py'} {{workdir}} {value}"
+
+
+def test_a_discard_that_beats_the_best_says_it_was_within_the_noise(repo: Path, tmp_path: Path, monkeypatch):
+    """Three noisy baseline runs set the bar; a candidate a little better than their mean is
+    discarded, and its row (and the line `harness run` prints) says what it needed."""
+    noisy(repo, tmp_path, monkeypatch, noise=0.01)  # reproducible: the baseline's runs, then the candidate's
+    result = harness("run", "--repo", str(repo), "--tag", "n", "--agent", set_value_agent(tmp_path, 1.005),
+                     "--iterations", "1", "--baseline-runs", "3")
+    assert result.exit_code == 0, result.output
+    row = next(r for r in ledger.read_rows(repo / "runs/n/results.tsv") if r["iteration"] == 1)
+    thr = decide.threshold(GateSettings(), row["sigma"], 1, 3)
+    assert row["status"] == "discard" and 0 < row["best_before"] - row["metric"] < thr  # better, not enough
+    m = re.search(r"\[within the noise: needs < (\d\.\d{6})\]$", row["description"])
+    assert m, row["description"]
+    assert float(m.group(1)) == pytest.approx(row["best_before"] - thr, abs=2e-6)
+    assert m.group(0) in result.output
+
+
+def test_a_discard_under_min_delta_says_so_and_a_worse_one_says_nothing(repo: Path, tmp_path: Path):
+    result = harness("run", "--repo", str(repo), "--tag", "d", "--agent", set_value_agent(tmp_path, 0.95),
+                     "--iterations", "1", "--baseline-runs", "1", "--gate", "strict", "--min-delta", "0.1")
+    assert result.exit_code == 0, result.output
+    row = ledger.read_rows(repo / "runs/d/results.tsv")[1]
+    assert row["status"] == "discard" and row["description"] == "VALUE to 0.95 [under --min-delta: needs < 0.900000]"
+    result = harness("run", "--repo", str(repo), "--tag", "w", "--agent", set_value_agent(tmp_path, 1.5),
+                     "--iterations", "1", "--baseline-runs", "1")
+    row = ledger.read_rows(repo / "runs/w/results.tsv")[1]
+    assert row["status"] == "discard" and row["description"] == "VALUE to 1.5"  # worse: nothing to explain
+
+
+def test_why_discarded_names_the_bar_in_either_direction():
+    up = GateSettings(gate="noise", direction="maximize")
+    assert decide.why_discarded(up, [0.51], 0.5, 0.02) == "within the noise: needs > 0.520000"
+    assert decide.why_discarded(up, [0.49], 0.5, 0.02) == ""
+    assert decide.why_discarded(NOISE, [0.99, 0.985], 1.0, 0.03) == "within the noise: needs < 0.970000"

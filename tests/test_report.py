@@ -81,6 +81,29 @@ def test_karpathy_five_columns_unknown_is_never_zero(tmp_path: Path):
     assert (tmp_path / "report.html").exists() and (tmp_path / "summary.json").exists()
 
 
+def test_a_relative_results_tsv_names_its_arm_and_plots_only_what_it_has(tmp_path: Path):
+    """`harness report results.tsv` inside a run folder, as a user types it: the arm is named by
+    its folder, and a five-column ledger (no wall time, tokens nor cost) gets no empty plots."""
+    import os
+    import sys
+
+    from conftest import ROOT
+
+    folder = tmp_path / "mar5"
+    folder.mkdir()
+    (folder / "results.tsv").write_text(FIVE_COLUMNS)
+    out = subprocess.run([sys.executable, "-m", "harness", "report", "results.tsv"], cwd=folder, text=True,
+                         capture_output=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    md = (folder / "report.md").read_text()
+    assert "|  | mar5 |" in md and "### mar5" in md
+    assert not re.search(r"^#+ *$", md, re.M) and "|  |  |" not in md  # no blank heading or header
+    assert sorted(p.name for p in (folder / "plots").iterdir()) == ["experiments.png"]
+    for what in ("wall time", "tokens", "cost"):
+        assert f"No plot of the best against {what}: no ledger records it." in md
+    assert "best_vs_" not in md and "best_vs_" not in (folder / "report.html").read_text()
+
+
 def test_verdict_is_honest_about_noise(tmp_path: Path):
     good = [("keep", 0.95), ("keep", 0.9), ("keep", 0.85), ("discard", 0.9), ("keep", 0.8)]
     bad = [("discard", 1.1), ("crash", None), ("discard", 1.05), ("discard", 1.2), ("invalid", None)]

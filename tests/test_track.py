@@ -113,7 +113,8 @@ def check_figures(uri: str, run_dir: Path, tag: str) -> dict[int, object]:
         m, p, t = run.data.metrics, run.data.params, run.data.tags
         assert t["status"] == row["status"] and t["commit"] == row["commit"] and t["sealed"] == (row["sealed"] or "")
         assert p["iteration"] == str(row["iteration"]) and p["agent"] == row["agent"]
-        assert m.get("val_bpb") == (pytest.approx(row["metric"]) if row["metric"] is not None else None)
+        value = row["metric"] if row["status"] == "repeat" else ledger.decided_value(row)  # a keep's mean
+        assert m.get("val_bpb") == (pytest.approx(value) if value is not None else None)
         for name in ("memory_gb", "train_s", "agent_s", "input_tokens", "cached_tokens", "output_tokens", "cost_usd"):
             assert m.get(name) == (None if row[name] is None else pytest.approx(row[name])), name
         assert run.info.status == ("FAILED" if row["status"] in ("crash", "timeout") else "FINISHED")
@@ -216,6 +217,51 @@ def test_sqlite_default_without_a_server(tmp_path: Path, monkeypatch: pytest.Mon
     assert f"{n} new of {n} rows" in " ".join(harness("track", str(repo / "runs/later")).split())
     assert f"0 new of {n} rows" in " ".join(harness("track", str(repo / "runs/later")).split())
     check_figures(uri, repo / "runs/later", "later")
+
+
+CONFIRMED = """import json, re, sys
+path = sys.argv[1] + "/train.py"
+src = open(path).read()
+open(path, "w").write(re.sub(r"^VALUE = .*$", "VALUE = 0.5", src, count=1, flags=re.M))
+print(json.dumps({"input_tokens": 10, "output_tokens": 5, "description": "VALUE to 0.5"}))
+"""
+
+
+def test_a_confirmed_keep_is_one_value_in_the_run_status_json_and_the_tracker(tmp_path: Path, monkeypatch):
+    """A win confirmed by two more runs: its value is the mean the ledger and the best use, with
+    the runs behind it, wherever it is shown; never its first run's value."""
+    import json
+
+    repo = make_repo(tmp_path / "r", extra='track = "mlflow"\n')
+    monkeypatch.setenv("FAKE_NOISE", "0.01")
+    monkeypatch.setenv("FAKE_COUNTER", str(tmp_path / "counter"))
+    (tmp_path / "researcher.py").write_text(CONFIRMED)
+    out = harness("run", "--repo", str(repo), "--tag", "k", "--agent", f"cmd:{sys.executable} "
+                  f"{tmp_path / 'researcher.py'} {{workdir}}", "--iterations", "2", "--baseline-runs", "2",
+                  "--confirm", "2")
+    rows = ledger.read_rows(repo / "runs/k/results.tsv")
+    keep = next(r for r in rows if r["iteration"] == 1 and r["status"] == "keep")
+    runs = [keep["metric"]] + [r["metric"] for r in rows if r["status"] == "repeat" and r["candidate"] == 1]
+    mean = sum(runs) / 3
+    assert keep["runs"] == 3 and keep["mean"] == pytest.approx(mean, abs=1e-6)
+    assert f"{keep['metric']:.6f}" != f"{mean:.6f}"  # the noise makes the first run differ from the mean
+    line = next(line for line in out.splitlines() if line.lstrip().startswith("1 keep"))
+    assert f"{keep['mean']:.6f}" in line and f"{keep['metric']:.6f}" not in line  # `harness run`'s own row line
+    state = json.loads(harness("status", "k", "--repo", str(repo), "--json"))
+    shown = next(r for r in state["last_rows"] if r["iteration"] == 1 and r["status"] == "keep")
+    assert shown["metric"] == pytest.approx(keep["mean"]) == pytest.approx(state["figures"]["best"])
+    assert shown["runs"] == 3 and shown["run_values"] == pytest.approx(runs) and state["figures"]["best_runs"] == 3
+    assert shown["first_run"] == pytest.approx(keep["metric"])
+    text = harness("status", "k", "--repo", str(repo), "--width", "100")
+    row_line = next(line for line in text.splitlines() if line.startswith("   1 "))
+    assert f"{keep['mean']:.6f} keep×3" in row_line, text
+    assert f"{keep['metric']:.6f}" not in text
+    assert f"best:          {keep['mean']:.6f} (3 runs)" in text
+    prompt = (repo / "runs/k/logs/iter-0002-prompt.md").read_text()  # what the next researcher is told
+    assert f"Current best val_bpb: {keep['mean']:.6f}" in prompt and f"{keep['metric']:.6f}" not in prompt
+    run = tracked(f"sqlite:///{repo / 'runs/mlflow.db'}", "k")[rows.index(keep)]
+    assert run.data.metrics["val_bpb"] == pytest.approx(keep["mean"], abs=1e-6)
+    assert run.data.metrics["first_run"] == pytest.approx(keep["metric"]) and run.data.metrics["runs"] == 3
 
 
 def black_hole() -> tuple[socket.socket, int]:

@@ -16,7 +16,7 @@ from .. import ledger
 
 PARAMS = ("iteration", "parent", "agent", "model", "description", "lane", "arm", "seed", "candidate")
 METRICS = ("memory_gb", "train_s", "agent_s", "wall_s", "input_tokens", "cached_tokens", "output_tokens",
-           "cost_usd", "retries", "delta", "mean", "sigma")
+           "cost_usd", "retries", "delta", "mean", "sigma", "runs")
 FAILED = ("crash", "timeout")  # finished as FAILED in the tracker: no metric came out
 
 
@@ -80,8 +80,14 @@ def build(rows: list[dict[str, Any]], tag: str, metric: str, run_dir: Path) -> l
         params = {k: ledger.one_line(str(row[k]), 500) for k in PARAMS
                   if row.get(k) is not None and row.get(k) != ""}
         metrics = {k: float(row[k]) for k in METRICS if row.get(k) is not None}
-        if row.get("metric") is not None:
-            metrics[metric] = float(row["metric"])
+        # The metric is the value the decision used, as in the ledger's metric column and the best:
+        # a confirmed candidate's mean over its runs (its first run's own value beside it as
+        # first_run; each confirmation run is a child run of it), else its one run.
+        value = row.get("metric") if is_repeat else ledger.decided_value(row)
+        if value is not None:
+            metrics[metric] = float(value)
+        if not is_repeat and row.get("metric") is not None and value != row.get("metric"):
+            metrics["first_run"] = float(row["metric"])
         tags = {"status": row["status"], "commit": row.get("commit") or "", "sealed": row.get("sealed") or "",
                 "harness.run": tag, "harness.row": str(index), "harness.iteration": str(it),
                 "mlflow.note.content": row.get("description") or ""}
