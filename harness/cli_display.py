@@ -284,7 +284,7 @@ class Display:
             return f"ETA unknown ({why})"
         return f"ETA {'≥' if at_least else ''}{clock(seconds)}" + (" (from the baseline so far)" if at_least else "")
 
-    def figures_line(self, w: Watched) -> str:  # noqa: D102
+    def figures_line(self, w: Watched) -> str:
         h = w.head
         if h is None:
             return "no figures yet"
