@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from . import decide, disk, events, faults, health, ledger, recovery, runs, stops, supervise, testsplit
+from .errors import HarnessError
 from .config import RunConfig
 from .executors import Executor, make_executor
 from .gitgate import GitGate, data_files
@@ -615,7 +616,7 @@ def run_all(folder: Path, repo: Path, runs_: list[RunDriver], gpus: tuple[str, .
             except BaseException as e:
                 quiet(seen)
                 stop(runs_, executor)  # an error in one run stops every lane and job, then is raised
-                if isinstance(e, disk.DiskFull) or disk.caused(e):  # a stop: journals kept for --resume
+                if isinstance(e, disk.DiskFull) or (disk.caused(e) and not isinstance(e, HarnessError)):
                     for r in runs_:
                         with contextlib.suppress(Exception):  # the clean-up may need the disk too
                             r.tidy("the disk is full")

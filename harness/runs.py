@@ -174,14 +174,6 @@ def calibrate(ctx: Context, result: TrainResult) -> None:
                                                    budget.reported_seconds(result.metrics), ctx.cfg.time_budget,
                                                    budget.Usage.of(result))
         ctx.trusted.baseline_cpu_s = budget.baseline_cpu_s(ctx.cfg.run_dir, ctx.trusted.commit)
-        data, cpus = budget.read(ctx.cfg.run_dir) or {}, result.cpus or 1
-        others = (data.get("others_cpus") or [0.0])[-1]
-        if others > budget.LOADED_OTHERS_FRACTION * cpus:  # this run's start-up was slowed by other work
-            events.record(ctx.cfg.run_dir, "loaded_baseline",
-                          f"the baseline ran while other work used {others:.1f} of the machine's {cpus} CPUs: its "
-                          f"start-up ({data['startup_s'][-1]:.1f}s) was slow, so every candidate may run up to "
-                          f"{data['allowance_s']:.1f}s past its budget; for a tighter allowance start the run on a "
-                          f"quieter machine")
         ctx.trusted.hold(ctx.cfg.run_dir / budget.FILE)
 
 

@@ -280,7 +280,7 @@ def test_download_verifies_checksum_and_resumes(work, tmp_path, shard):
     assert (downloads / "shard.parquet").read_bytes() == data
     assert not (downloads / "shard.parquet.part").exists()
     folder = tmp_path / "cache" / "datasets" / "web"
-    assert (folder / "train.bin").read_bytes() + (folder / "val.bin").read_bytes() == text
+    assert b"".join((folder / f"{s}.bin").read_bytes() for s in ("train", "test", "val")) == text
     assert "HARNESS_DATASET=web" in proc.stdout
 
 
@@ -301,7 +301,7 @@ def test_download_registry_corpus_from_a_mirror(work, tmp_path, shard):
     assert proc.returncode == 0, proc.stderr
     assert server.ranges == [None, None, None]
     folder = tmp_path / "cache" / "datasets" / "climbmix"
-    assert (folder / "train.bin").read_bytes() + (folder / "val.bin").read_bytes() == b"\x00".join([text] * 3)
+    assert b"".join((folder / f"{s}.bin").read_bytes() for s in ("train", "test", "val")) == b"\x00".join([text] * 3)
 
 
 # -----------------------------------------------------------------------------
