@@ -3,7 +3,7 @@
 researcher's neighbour writes a big file) and during training (the job's neighbour does)."""
 from __future__ import annotations
 
-import os
+import contextlib
 import subprocess
 
 import pytest
@@ -39,17 +39,9 @@ def small_disk(tmp_path):
 
 
 def fill(path) -> None:
-    with contextlib_suppress_full(), open(path, "wb") as f:
+    with contextlib.suppress(OSError), open(path, "wb") as f:  # until the disk is full
         while True:
             f.write(b"\0" * (1 << 20))
-
-
-class contextlib_suppress_full:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, exc, tb):
-        return isinstance(exc, OSError)
 
 
 def config(repo, **extra):
