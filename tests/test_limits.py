@@ -97,7 +97,8 @@ def test_a_log_flood_is_stopped_at_its_bound_head_and_tail_kept_and_the_supervis
     log = tmp_path / "job.log"
     assert log.stat().st_size < 4 * MB + 4096
     text = log.read_bytes()
-    assert text.startswith(b"first line\n") and b"bytes of output cut here" in text and text.endswith(b"x\n")
+    assert text.startswith(b"first line\n") and b"bytes of output cut here" in text
+    assert set(text[-64 * 1024:]) <= set(b"x\n")  # the flood's last bytes (the kill may land mid-line)
     assert grown_mb < 32, f"the supervisor grew by {grown_mb:.0f} MB over a flood"
 
 
