@@ -268,7 +268,8 @@ def run(repo, tag, resume, hours, iterations, pipeline, gpus, **flags):
                        gpus=pipeline_mod.parse_gpus(gpus) or None, **flags)
     summary = interrupted = None
     with hung_up_terminal(), Display(err, [watched(cfg)]) as display:
-        summary, interrupted = driver.single(cfg, make_researcher(cfg), resume, display, pipeline_mod.pipelined(cfg))
+        summary, interrupted = driver.single(cfg, make_researcher(cfg), resume, driver.Printer(display),
+                                             pipeline_mod.pipelined(cfg))
         display.mark_stopped("", summary.stopped)
     finish(cfg, summary, interrupted)
 
@@ -300,7 +301,7 @@ def step(repo, tag, resume, pipeline, gpus, **flags):
                        gpus=pipeline_mod.parse_gpus(gpus) or None, **flags)
     summary = interrupted = None
     with hung_up_terminal(), Display(err, [watched(cfg)]) as display:
-        summary, interrupted = driver.single(cfg, make_researcher(cfg), resume or exists, display,
+        summary, interrupted = driver.single(cfg, make_researcher(cfg), resume or exists, driver.Printer(display),
                                              pipelined=False, steps=1)
         display.mark_stopped("", summary.stopped)
     finish(cfg, summary, interrupted)
@@ -462,7 +463,7 @@ def ab(repo, tag, resume, agent, model, agent_a, agent_b, model_a, model_b, arm_
         announce_arms(display)
         with display:
             result = ab_mod.run_ab(path, tag, arms, schedule=schedule, gpus=gpus, resume=resume,
-                                   overrides=run_flags, progress=display, repeats=repeats)
+                                   overrides=run_flags, progress=driver.Printer(display), repeats=repeats)
             for name, summary in result.summaries.items():
                 display.mark_stopped(name, summary.stopped)
         for name, summary in result.summaries.items():

@@ -28,7 +28,7 @@ from rich.text import Text
 
 from . import figures, ledger
 
-STATUS_STYLE = {"keep": "green", "discard": "yellow", "skip": "dim", "repeat": "dim", "budget": "magenta"}
+STATUS_STYLE = {"keep": "green", "discard": "yellow", "skip": "dim", "repeat": "dim", "budget": "magenta", "stopped": "dim"}
 REFRESH_PER_S = 2
 
 

@@ -13,7 +13,7 @@ summary.json all take baseline, best and improvement from `headline()`:
   direction: `baseline - best` when minimizing, `best - baseline` when maximizing;
 - **experiments** are the candidates after the baseline: not the baseline attempts, not
   `repeat` rows (extra training runs of code already counted), not `budget` rows (a stop
-  marker).
+  marker), not `stopped` rows (a proposal that came back after the stop: its spend, never trained).
 
 This is karpathy/autoresearch's own reading of results.tsv (the first kept row is the
 baseline, later kept rows are the improvements, the metric column holds the value), so its
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 FAILED = ("crash", "timeout", "invalid")
-NOT_EXPERIMENTS = ("repeat", "budget")
+NOT_EXPERIMENTS = ("repeat", "budget", "stopped")
 # The columns the readers of a ledger ask for: present in every frame, empty when the ledger lacks them.
 FRAME_COLUMNS = ("commit", "metric", "memory_gb", "status", "description", "iteration", "agent", "model", "parent",
                  "delta", "agent_s", "train_s", "wall_s", "input_tokens", "cached_tokens", "output_tokens",

@@ -11,11 +11,11 @@ running median. With `on_unhealthy = continue` the stops become events.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import re
 import statistics
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import decide, events, ledger, ledgerguard, track
@@ -30,8 +30,10 @@ TOKEN_MIN_ROWS = 5  # rows before the median means anything
 DRIFT_Z = 3.0  # noise standard deviations a re-run of the best may move
 DRIFT_REL = 0.02  # relative tolerance when the noise is unknown
 HEALTH_SEED_OFFSET = 1000  # re-runs of the best use seeds no candidate uses
-REBASE_CONFLICT = "after rebase:"  # in the rows of proposals that conflict with a newer best
-INFRASTRUCTURE = "[infrastructure:"  # a job the cluster lost twice (executors/ray_executor.py): not the proposal's fault
+# Reasons (the ledger's `reason` column) that are not the proposal's fault: a conflict with a best
+# another lane kept (the scheduler's doing), a job the cluster lost twice (executors/ray_executor.py).
+NOT_THE_PROPOSAL = ("rebase_conflict", "infrastructure", "disk_full")
+_LEGACY = ("after rebase:", "[infrastructure:")  # the same, in a ledger written before the column
 
 
 def reason_of(description: str) -> str:
@@ -56,18 +58,21 @@ def diagnose(rows: list[dict[str, Any]]) -> str:
 def candidates(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows that judge the researcher: not repeats, budget stops, or proposals another lane's keep
     made stale (a rebase conflict is the scheduler's doing, not a broken rule), nor jobs the cluster lost."""
-    return [r for r in rows if (r.get("iteration") or 0) > 0 and r.get("status") not in ("repeat", "budget")
-            and REBASE_CONFLICT not in (r.get("description") or "")
-            and INFRASTRUCTURE not in (r.get("description") or "")]
+    return [r for r in rows if (r.get("iteration") or 0) > 0
+            and r.get("status") not in ("repeat", "budget", "stopped") and not _not_the_proposal(r)]
+
+
+def _not_the_proposal(r: dict[str, Any]) -> bool:
+    if r.get("kind") is not None:
+        return (r.get("reason") or "") in NOT_THE_PROPOSAL
+    return any(m in (r.get("description") or "") for m in _LEGACY)
 
 
 class Monitor:
     def __init__(self, ctx: Context, state: RunState, progress: Callable[[str, dict], None],
-                 events_from: int = 0, lock: Any = None):
+                 events_from: int = 0):
         self.ctx, self.state, self.progress = ctx, state, progress
-        self.cfg = ctx.cfg
-        # Lanes append from several threads: the ledger is read and written under their lock.
-        self.lock = lock if lock is not None else contextlib.nullcontext()
+        self.cfg = ctx.cfg  # called by the driver's one loop only: no lock
         self.session_start = state.iteration
         self.last_checkpoint = state.iteration
         self.offset = events_from
@@ -98,12 +103,13 @@ class Monitor:
 
     # --- the hooks the loop calls ---------------------------------------------------------
 
-    def before_iteration(self) -> str | None:
-        """None to go on, or why the run stops."""
-        with self.lock:
-            ledgerguard.sync(self.cfg.ledger_path)
-            self.echo()
-            rows = ledger.read_rows(self.cfg.ledger_path, copy=False)  # looked at, never changed
+    def before_iteration(self) -> tuple[str | None, int | None]:
+        """(None to go on, or why the run stops; the iteration whose checkpoint trains the best again
+        now, or None). The driver's loop runs that re-run (rerun) as a job and records it (after_rerun);
+        a checkpoint's stop takes effect once its re-run is on the ledger."""
+        ledgerguard.sync(self.cfg.ledger_path)
+        self.echo()
+        rows = ledger.read_rows(self.cfg.ledger_path, copy=False)  # looked at, never changed
         session = [r for r in candidates(rows) if r["iteration"] > self.session_start]
         run = 0  # failures in a row at the end of this session
         while run < len(session) and session[-1 - run]["status"] in FAILED:
@@ -112,19 +118,19 @@ class Monitor:
             self.checked.add(-session[-1]["iteration"])  # a streak is reported once
             stop = self._unhealthy(f"{run} failures in a row ({diagnose(session[-run:])})")
             if stop:
-                return stop
+                return stop, None
         # A checkpoint each time the iteration count crosses a multiple of n (lanes move it by more than 1).
         n, it = self.cfg.health_every, self.state.iteration
         if not n or it // n <= self.last_checkpoint // n:
-            return None
+            return None, None
         self.last_checkpoint = it
         window = candidates(rows)[-n:]
         failed = [r for r in window if r["status"] in FAILED]
-        self._check_best(rows, it)
+        due = it if ledger.best_row(rows) is not None else None
         if len(failed) > FAILURE_RATE * len(window):
             return self._unhealthy(f"{len(failed)} of the last {len(window)} iterations failed, more than "
-                                   f"{FAILURE_RATE:.0%} ({diagnose(window)})")
-        return None
+                                   f"{FAILURE_RATE:.0%} ({diagnose(window)})"), due
+        return None, due
 
     def after_row(self, row: Row) -> None:
         track.after_row(self.cfg)  # experiment tracking: nudges a background sync of the ledger, never blocks
@@ -140,23 +146,27 @@ class Monitor:
 
     # --- the best, trained again --------------------------------------------------------------
 
-    def _check_best(self, rows: list[dict[str, Any]], it: int) -> None:
+    def rerun(self, it: int) -> "HealthRun":
+        """The best trained again for the checkpoint at iteration it (a worker's part: no row written)."""
         cfg, state = self.cfg, self.state
-        best = ledger.best_row(rows)
-        if best is None:
-            return
+        best = ledger.best_row(ledger.read_rows(cfg.ledger_path))
         seed = cfg.seed + HEALTH_SEED_OFFSET + it
         log = cfg.logs_dir / f"iter-{it:04d}-health.log"
         best_commit = state.best_commit  # trained by commit, in an executor slot of its own
         result = train(self.ctx, best_commit, log, seed, iteration=best.get("iteration") or 0)
         row = repeat_row(cfg, result, best.get("iteration") or 0, best_commit, seed, log,
-                         self.ctx.researcher.name, cfg.model)
-        recorded, value = state.best_value, result.value(cfg.metric)
-        if value is None:
-            note = f"health check at iteration {it}: the best failed to train again ({result.reason})"
+                         self.ctx.researcher.name, cfg.model, kind="health")
+        return HealthRun(it, best, best_commit, result.value(cfg.metric) if result.status == "ok" else None,
+                         result.reason, row)
+
+    def after_rerun(self, hr: "HealthRun") -> Row:
+        """The re-run's row, its note said (a drift beyond the noise is an event)."""
+        state, it, recorded = self.state, hr.it, self.state.best_value
+        if hr.value is None:
+            note = f"health check at iteration {it}: the best failed to train again ({hr.reason})"
             self.event("health_rerun_failed", note)
         else:
-            drift = value - recorded
+            drift = hr.value - recorded
             if state.sigma:
                 tol = DRIFT_Z * state.sigma * math.sqrt(1 + 1 / max(1, state.best_runs))
             else:
@@ -164,16 +174,28 @@ class Monitor:
             if abs(drift) > tol:
                 note = (f"health check at iteration {it}: drift {drift:+.6f} from the recorded "
                         f"{recorded:.6f}, beyond the noise (+-{tol:.6f})")
-                self.event("drift", note, iteration=it, value=value, recorded=recorded)
+                self.event("drift", note, iteration=it, value=hr.value, recorded=recorded)
             else:
                 note = f"health check at iteration {it}: within the noise ({drift:+.6f}, +-{tol:.6f})"
-        row.description = ledger.one_line(f"{row.description} [{note}]")
-        with self.lock:
-            ledger.append(cfg.ledger_path, cfg.metric, row)
-            rows = ledger.read_rows(cfg.ledger_path)
-            state.update_sigma(rows)
-            same = state.best_commit == best_commit and best_commit.startswith(str(best["commit"]))
-            if cfg.gate == "noise" and value is not None and same:
-                # The re-run is one more measurement of the best: the next candidates face the
-                # mean over all of them (a lane may have kept a newer best meanwhile: then not).
-                state.best_value, state.best_runs = decide.best_estimate(rows, best)
+        hr.row.description = ledger.one_line(f"{hr.row.description} [{note}]")
+        return hr.row
+
+    def recorded(self, hr: "HealthRun") -> None:
+        """The re-run is on the ledger: under the noise gate it is one more measurement of the best,
+        so the next candidates face the mean over all of them (unless a newer best was kept meanwhile)."""
+        cfg, state = self.cfg, self.state
+        rows = ledger.read_rows(cfg.ledger_path)
+        state.update_sigma(rows)
+        same = state.best_commit == hr.best_commit and hr.best_commit.startswith(str(hr.best["commit"]))
+        if cfg.gate == "noise" and hr.value is not None and same:
+            state.best_value, state.best_runs = decide.best_estimate(rows, hr.best)
+
+
+@dataclass
+class HealthRun:
+    it: int
+    best: dict[str, Any]
+    best_commit: str
+    value: float | None
+    reason: str
+    row: Row

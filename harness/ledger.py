@@ -19,7 +19,8 @@ from . import ledgerguard
 
 # `repeat` marks an extra training run of a candidate (baseline repeats, confirmation runs):
 # its own row, so the GPU time it spent is visible, linked by the `candidate` column.
-STATUSES = ("keep", "discard", "crash", "timeout", "invalid", "skip", "budget", "repeat")
+STATUSES = ("keep", "discard", "crash", "timeout", "invalid", "skip", "budget", "repeat", "stopped")
+# `stopped`: a proposal that returned after the run was told to stop; never trained, its spend kept.
 
 # Columns after the metric column, in order. The schema only ever grows at the end.
 TAIL_COLUMNS = (
@@ -32,7 +33,15 @@ TAIL_COLUMNS = (
     "lane",
     "node",
     "first_run",
+    "kind", "reason",
 )
+# What a row is (the `kind` column), so no reader takes meaning back out of a description:
+KINDS = ("baseline", "candidate", "reeval", "confirm", "health", "budget", "stopped")
+# reeval: a win trained again on a best another lane moved meanwhile (a number of its own);
+# confirm: a confirmation run of a candidate (status `repeat`), failed or not; health: a re-run of
+# the best at a health checkpoint; stopped: a proposal that came back after the run's stop (its
+# spend, never trained). The `reason` column is a short code of why a row is not a plain keep or
+# discard (reason_code), "" otherwise.
 NUMERIC = {"memory_gb", "iteration", "best_before", "delta", "agent_s", "train_s", "wall_s",
            "input_tokens", "cached_tokens", "output_tokens", "cost_usd", "retries",
            "seed", "candidate", "runs", "mean", "sigma", "lane", "first_run"}
@@ -82,6 +91,8 @@ class Row:
     sealed: str = ""  # yes: the metric came from a verified sealed result; no: from stdout; "": no training
     lane: int | None = None  # the lane (one per GPU) that trained it; None outside the lane scheduler
     node: str = ""  # the machine that trained it (local: the hostname; Ray: host/node id); "": no training
+    kind: str = "candidate"  # KINDS
+    reason: str = ""  # reason_code(...) of a row that is not a plain keep or discard
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -97,8 +108,30 @@ class Row:
         decided = self.mean if self.mean is not None and self.status != "repeat" else first
         head = [self.commit[:12], "" if decided is None else f"{decided:.6f}",
                 "" if self.memory_gb is None else f"{self.memory_gb:.1f}", self.status, self.description]
-        tail = [getattr(self, c) for c in TAIL_COLUMNS[3:-1]]
-        return [_fmt(v) for v in head + tail + [first if decided != first else None]]
+        tail = [(first if decided != first else None) if c == "first_run" else getattr(self, c)
+                for c in TAIL_COLUMNS[3:]]
+        return [_fmt(v) for v in head + tail]
+
+
+# The reasons a job or a proposal failed, by the words the harness itself wrote them with (the
+# runner's, the executors' and the guard's reasons): the code is taken once, where the row is made.
+_REASONS = (("infrastructure: the disk is full", "disk_full"), ("infrastructure:", "infrastructure"),
+            ("conflicts with the new best", "rebase_conflict"), ("interrupted", "interrupted"),
+            ("log bound", "bound"), ("memory bound", "bound"), ("disk bound", "bound"), ("processes", "bound"),
+            ("HARNESS_TIME_BUDGET", "over_budget"), ("deadline", "deadline"), ("no training output", "stall"),
+            ("syntax error", "syntax"), ("researcher failed", "researcher"), ("exit code", "exit"),
+            ("already evaluated", "duplicate"), ("already in the best", "duplicate"), ("no '", "no_metric"))
+
+
+def reason_code(status: str, text: str = "") -> str:
+    """A short code for why a row is not a plain keep or discard ("" for those)."""
+    if status in ("keep", "discard", "repeat") and not text:
+        return ""
+    low = (text or "").lower()
+    for words, code in _REASONS:
+        if words.lower() in low:
+            return code
+    return status if status not in ("keep", "discard", "repeat") else "failed"
 
 
 def _fmt(value: Any) -> str:

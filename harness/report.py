@@ -213,10 +213,12 @@ def arm_figures(arm: ArmData) -> dict[str, Any]:
     train_s = float(df["train_s"].sum()) if has("train_s") else None
     wall_s = float(not_repeat["wall_s"].sum()) if has("wall_s") else None
     researched = exp[exp["agent_s"].notna()]
+    called = df[df["agent_s"].notna() & df["status"].ne("repeat")] if has("agent_s") else researched
     unknown_calls = spend.unknown_calls(arm.rows) if has("input_tokens") else 0
-    billed = researched[researched["input_tokens"].notna() | researched["output_tokens"].notna()] \
-        if has("input_tokens") and has("output_tokens") else researched  # a killed call's cost is not known
-    cost = (float(billed["cost_usd"].sum()) if has("cost_usd") and len(researched)
+    billed = called[called["input_tokens"].notna() | called["output_tokens"].notna()] \
+        if has("input_tokens") and has("output_tokens") else called  # a killed call's cost is not known
+    # every researcher call's cost, a call that came back after a stop (a `stopped` row) included
+    cost = (float(billed["cost_usd"].sum()) if has("cost_usd") and len(called)
             and billed["cost_usd"].notna().all() else None)  # with unknown calls: what it cost at least
     tokens = (float(df["input_tokens"].sum() + df["output_tokens"].sum())
               if has("input_tokens") and has("output_tokens") else None)

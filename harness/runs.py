@@ -28,8 +28,8 @@ from .executors import budget, sandbox, uvenv
 from .gitgate import GitGate, Worktree, data_files
 from .ledger import Row
 from .runner import TrainResult, tail
-from .step import (INTERRUPTED, Candidate, Context, RunState, conflict_row, judge_candidate, memory_gb,
-                   now_iso, pending, rebased, rel, repeat_row, train, write_journal)
+from .step import (INTERRUPTED, Candidate, Context, RunState, conflict_row, memory_gb,
+                   now_iso, pending, rebased, rel, repeat_row, train)
 
 Progress = Callable[[str, dict[str, Any]], None]
 
@@ -194,9 +194,20 @@ def first_state(cfg: RunConfig, base: str, worktree: Path) -> RunState:
     return RunState(base, base, float("nan"), 0, hashes)
 
 
-def baseline(ctx: Context, state: RunState, progress: Progress) -> None:
-    """Train the unmodified code --baseline-runs times (the spread is the first noise estimate);
-    state gets its best value and sigma."""
+@dataclass
+class Baseline:
+    """The baseline's runs, back from the executor: its rows (the loop appends them), its value and
+    noise, or why it failed (raised once the rows are on the ledger)."""
+    rows: list[Row]
+    value: float | None = None
+    runs: int = 0
+    sigma: float | None = None
+    error: RepoError | None = None
+
+
+def baseline(ctx: Context, state: RunState, progress: Progress) -> Baseline:
+    """Train the unmodified code --baseline-runs times (the spread is the first noise estimate).
+    A worker's part: it writes no row and changes no state (the driver's loop does both)."""
     cfg, base = ctx.cfg, state.baseline_commit
     progress("baseline", {"commit": base, "runs": cfg.baseline_runs})
     log = cfg.logs_dir / "iter-0000.log"
@@ -209,7 +220,7 @@ def baseline(ctx: Context, state: RunState, progress: Progress) -> None:
         log_j = cfg.logs_dir / f"iter-0000-r{j}.log"
         rerun = train(ctx, base, log_j, cfg.seed + j, iteration=0)
         calibrate(ctx, rerun)
-        repeats.append(repeat_row(cfg, rerun, 0, base, cfg.seed + j, log_j, ctx.researcher.name, model))
+        repeats.append(repeat_row(cfg, rerun, 0, base, cfg.seed + j, log_j, ctx.researcher.name, model, "baseline"))
         if rerun.status != "ok":
             result, log = rerun, log_j
             break
@@ -222,12 +233,11 @@ def baseline(ctx: Context, state: RunState, progress: Progress) -> None:
               model=model, started_at=started_at, train_s=round(result.train_s, 3),
               wall_s=round(time.monotonic() - t0, 3), log=rel(cfg, log), seed=cfg.seed,
               runs=len(values), mean=statistics.fmean(values) if len(values) > 1 else None, sigma=sigma,
-              sealed=seal.cell(result), node=result.node)
-    for r in (row, *repeats):
-        ledger.append(cfg.ledger_path, cfg.metric, r)
+              sealed=seal.cell(result), node=result.node, kind="baseline",
+              reason="" if status == "keep" else ledger.reason_code(result.status, result.reason))
     if status != "keep":
-        raise RepoError(baseline_failed_message(cfg, base, result, log))
-    state.best_value, state.best_runs, state.sigma = statistics.fmean(values), len(values), sigma
+        return Baseline([row, *repeats], error=RepoError(baseline_failed_message(cfg, base, result, log)))
+    return Baseline([row, *repeats], statistics.fmean(values), len(values), sigma)
 
 
 def reconcile(ctx: Context, base: str, verify: bool = False) -> RunState | None:
@@ -264,57 +274,27 @@ def reconcile(ctx: Context, base: str, verify: bool = False) -> RunState | None:
     return state
 
 
-def train_waiting(ctx: Context, state: RunState, progress: Progress) -> None:
-    """Train each committed candidate an interruption left untrained, in iteration order, once (a
-    second interruption while it trains records it as an interrupted crash), so neither the
-    proposal nor what it cost is lost."""
-    for path, data in pending(ctx.cfg.run_dir, ledger.read_rows(ctx.cfg.ledger_path)):
-        train_interrupted(ctx, state, path, data, progress)  # each journal goes once it is taken care of
-
-
-def train_interrupted(ctx: Context, state: RunState, path: Path, data: dict[str, Any],
-                      progress: Progress) -> None:
-    """Train a committed candidate an interruption left untrained, or record why it cannot be.
-
-    A candidate proposed on an older best (the second of two in flight, when the first was
-    kept) is moved onto the best first, as the lanes do; a conflict is an `invalid` row.
-    """
+def waiting_candidate(ctx: Context, state: RunState, data: dict[str, Any]) -> tuple[Candidate, Row | None]:
+    """A committed candidate an interruption left untrained: ready to train again on the best (None),
+    or the row that records why it cannot be (an attempt already made, its commit gone, a conflict
+    with the best). A candidate proposed on an older best (the second of two in flight, when the
+    first was kept) is moved onto the best first, as the lanes do. Called by the driver's loop."""
     cfg = ctx.cfg
     cand = Candidate.from_journal(data, state.best_value)
     cand.model = cand.model or pricing.resolve_model(cfg.model)  # journals before the model was kept
     commit = existing_commit(ctx, data["commit"])
     if data.get("attempts", 0) >= 1 or not commit:
         why = "again while it was trained on resume" if commit else "and its commit no longer exists"
-        row = cand.row(ctx, "crash", f"{cand.description} [{INTERRUPTED} {why}]")
-    elif state.best_commit.startswith(str(data["parent"])):
-        cand.commit = commit
+        return cand, cand.row(ctx, "crash", f"{cand.description} [{INTERRUPTED} {why}]", reason="interrupted")
+    cand.commit = commit
+    if state.best_commit.startswith(str(data["parent"])):
         ctx.wt.reset_hard(commit)
-        row = None
-    else:  # proposed on an older best: moved onto the best first, as the lanes do
-        cand.commit, onto = commit, state.best_commit
-        moved = rebased(ctx, state, cand, onto, cand.iteration)
-        if isinstance(moved, list):
-            row = conflict_row(ctx, cand, onto, moved)
-        else:
-            cand, row = moved, moved.outcome
-    if row is not None:
-        row.lane = data.get("lane")
-        ctx.wt.reset_hard(state.best_commit)
-        ledger.append(cfg.ledger_path, cfg.metric, row)
-        path.unlink(missing_ok=True)
-        state.iteration = max(state.iteration, cand.iteration)
-        return
-    write_journal(cfg, cand.journal_entry(attempts=1), ctx.journal)  # a second kill records it
-    if path.name != ctx.journal:
-        path.unlink(missing_ok=True)
-    progress("resumed", {"iteration": cand.iteration, "commit": cand.commit})
-    try:
-        row = judge_candidate(ctx, state, cand)
-    except KeyboardInterrupt:  # the user's Ctrl-C is no crash: the next --resume trains it again
-        write_journal(cfg, cand.journal_entry(), ctx.journal)
-        ctx.wt.reset_hard(state.best_commit)
-        raise
-    progress("row", {"row": row, "best": state.best_value})
+        return cand, None
+    onto = state.best_commit
+    moved = rebased(ctx, state, cand, onto, cand.iteration)
+    if isinstance(moved, list):
+        return cand, conflict_row(ctx, cand, onto, moved)
+    return moved, moved.outcome
 
 
 def existing_commit(ctx: Context, commit: str) -> str:

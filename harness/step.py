@@ -220,6 +220,7 @@ class Candidate:
     commit: str = ""  # empty until committed
     outcome: Row | None = None  # set when the candidate ended before training (crash/invalid/skip)
     digest: str = ""  # content hash of the editable files, once committed
+    kind: str = "candidate"  # its rows' kind (ledger.KINDS): a re-evaluation's are "reeval"
 
     def journal_entry(self, **extra: Any) -> dict[str, Any]:
         """What a resume needs to train this committed candidate, or to record it: its proposal's
@@ -241,7 +242,8 @@ class Candidate:
                    data.get("model"), data.get("cost_usd"), data.get("description", ""), commit=data["commit"])
 
     def row(self, ctx: Context, status: str, description: str, result: TrainResult | None = None,
-            log: Path | None = None) -> Row:
+            log: Path | None = None, reason: str = "", kind: str = "") -> Row:
+        """reason: the harness's own words for why (a short code is taken from them, ledger.reason_code)."""
         cfg = ctx.cfg
         tokens_in, cached, tokens_out = self.proposal.usage.cells()  # None when never reported
         value = result.value(cfg.metric) if result else None
@@ -255,7 +257,8 @@ class Candidate:
                    wall_s=round(time.monotonic() - self.t0, 3), input_tokens=tokens_in,
                    cached_tokens=cached, output_tokens=tokens_out,
                    cost_usd=self.cost_usd, retries=self.proposal.retries, log=rel(cfg, log),
-                   sealed=seal.cell(result), node=result.node if result else "")
+                   sealed=seal.cell(result), node=result.node if result else "", kind=kind or self.kind,
+                   reason=ledger.reason_code(status, reason or (result.reason if result else "")))
 
 
 def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str,
@@ -289,14 +292,15 @@ def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str
     if proposal.error:
         ctx.wt.reset_hard(parent)
         state.last_failure_log = agent_log if agent_log.exists() else state.last_failure_log
-        cand.outcome = cand.row(ctx, "crash", f"researcher failed: {proposal.error}")
+        cand.outcome = cand.row(ctx, "crash", f"researcher failed: {proposal.error}",
+                                reason="researcher failed")
         return cand
     reason = git_reason or check(ctx, parent, state) or (cfg.policy and guard.policy_problem(
         ctx.wt, parent, cfg.editable, cfg.metric, cfg.protected,
         seal.enabled(cfg.sealed, ctx.wt.path, cfg.protected) or bool(cfg.evaluate_command))) or None
     if reason:
         ctx.wt.reset_hard(parent)
-        cand.outcome = cand.row(ctx, "invalid", f"{cand.description} [invalid: {reason}]")
+        cand.outcome = cand.row(ctx, "invalid", f"{cand.description} [invalid: {reason}]", reason=reason)
         return cand
     if not commit_candidate(ctx, state, cand):
         return cand
@@ -322,7 +326,8 @@ def commit_candidate(ctx: Context, state: RunState, cand: Candidate, trailers: s
         state.tried.add(digest)
     if seen:
         ctx.wt.reset_hard(cand.parent)
-        cand.outcome = cand.row(ctx, "skip", f"{cand.description} [already evaluated in this run]")
+        cand.outcome = cand.row(ctx, "skip", f"{cand.description} [already evaluated in this run]",
+                                reason="already evaluated")
         return False
     cand.digest = digest
     message = (f"{ledger.one_line(cand.description, 200)}\n\nHarness-Run: {cfg.tag}\n"
@@ -333,99 +338,51 @@ def commit_candidate(ctx: Context, state: RunState, cand: Candidate, trailers: s
     return True
 
 
-def judge_candidate(ctx: Context, state: RunState, cand: Candidate) -> Row:
-    """Train a committed candidate (confirming a win), keep it or reset to the best, write its rows."""
-    cfg = ctx.cfg
-    rows: list[Row] = []
-    if cand.outcome is not None:
-        rows.append(cand.outcome)
-    else:
-        rows += _train_and_decide(ctx, state, cand)
-        faults.point("after_train")
-    for r in rows:
-        ledger.append(cfg.ledger_path, cfg.metric, r)
-    if len(rows) > 1:
-        state.update_sigma(ledger.read_rows(cfg.ledger_path))
-    clear_journal(cfg, ctx.journal)
-    state.iteration = max(state.iteration, cand.iteration)
-    return rows[0]
-
-
 @dataclass
-class Measured:
-    """A candidate trained (and, for a win under the noise gate, confirmed): what the decision needs."""
-    verdict: str  # decide.KEEP or decide.DISCARD; "" when the candidate failed (see failure)
-    values: list[float]
-    repeats: list[Row]
-    description: str
+class FirstRun:
+    """A candidate's first training run, back from its executor (or the preflight's crash)."""
     result: TrainResult | None
     log: Path
-    failure: Row | None = None  # a preflight crash or a failed first run
-
-    @property
-    def mean(self) -> float:
-        return statistics.fmean(self.values)
-
-    def primary(self, ctx: Context, cand: Candidate, sigma: float | None) -> Row:
-        """The candidate's own row: the first run's value, and the mean over its runs."""
-        row = cand.row(ctx, "keep" if self.verdict == decide.KEEP else "discard", self.description,
-                       self.result, self.log)
-        row.runs, row.seed, row.sigma = len(self.values), ctx.cfg.seed, sigma
-        row.delta = self.mean - cand.best_before
-        if len(self.values) > 1:
-            row.mean = self.mean
-            row.description = ledger.one_line(f"{self.description} [mean of {len(self.values)} runs]")
-        return row
+    failure: Row | None = None  # a preflight crash or a run that did not end `ok`
 
 
-def measure(ctx: Context, state: RunState, cand: Candidate, best_runs: int, sigma: float | None,
-            cancel: threading.Event | None = None) -> Measured:
-    """Preflight, train, and confirm a win on other seeds; decide against cand.best_before."""
+def first_run(ctx: Context, cand: Candidate, cancel: threading.Event | None = None) -> FirstRun:
+    """Preflight and train cand once (a worker's part: it decides nothing, writes no row)."""
     cfg, description = ctx.cfg, cand.description
     train_log = cfg.logs_dir / f"iter-{cand.iteration:04d}.log"
     problem = preflight(ctx)
     if problem:
         train_log.write_text(problem + "\n")
-        state.last_failure_log = train_log
-        return Measured("", [], [], description, None, train_log,
-                        cand.row(ctx, "crash", f"{description} [{problem}]", log=train_log))
+        return FirstRun(None, train_log, cand.row(ctx, "crash", f"{description} [{problem}]", log=train_log,
+                                                           reason=problem))
     result = train(ctx, cand.commit, train_log, cfg.seed, cancel=cancel, iteration=cand.iteration)
     if result.status != "ok":
-        state.last_failure_log = train_log
-        return Measured("", [], [], description, result, train_log,
-                        cand.row(ctx, result.status, f"{description} [{result.reason}]", result, train_log))
-    values, repeats = [result.value(cfg.metric)], []
-    verdict, thr = decide.decide(cfg.gate_settings, values, cand.best_before, best_runs, sigma,
-                                 can_confirm=cfg.confirm > 0)
-    if verdict == decide.CONFIRM:
-        for j in range(1, cfg.confirm + 1):
-            log_j = cfg.logs_dir / f"iter-{cand.iteration:04d}-r{j}.log"
-            rerun = train(ctx, cand.commit, log_j, cfg.seed + j, cancel=cancel, iteration=cand.iteration)
-            repeats.append(repeat_row(cfg, rerun, cand.iteration, cand.commit, cfg.seed + j, log_j,
-                                      ctx.researcher.name, cand.model))
-            if rerun.status != "ok":
-                break
-            values.append(rerun.value(cfg.metric))
-        verdict, thr = decide.decide(cfg.gate_settings, values, cand.best_before, best_runs, sigma,
-                                     can_confirm=False)
-        if len(values) < cfg.confirm + 1:
-            verdict, description = decide.DISCARD, f"{description} [a confirmation run failed]"
-            return Measured(verdict, values, repeats, description, result, train_log)
-    why = decide.why_discarded(cfg.gate_settings, values, cand.best_before, thr) if verdict == decide.DISCARD else ""
-    return Measured(verdict, values, repeats, f"{description} [{why}]" if why else description, result, train_log)
+        return FirstRun(result, train_log, cand.row(ctx, result.status, f"{description} [{result.reason}]",
+                                                    result, train_log))
+    return FirstRun(result, train_log)
 
 
-def _train_and_decide(ctx: Context, state: RunState, cand: Candidate) -> list[Row]:
-    m = measure(ctx, state, cand, state.best_runs, state.sigma)
-    if m.failure is not None:
-        ctx.wt.reset_hard(cand.parent)
-        return [m.failure]
-    primary = m.primary(ctx, cand, state.sigma)
-    if m.verdict == decide.KEEP:
-        state.best_commit, state.best_value, state.best_runs = cand.commit, m.mean, len(m.values)
-    else:
-        ctx.wt.reset_hard(cand.parent)
-    return [primary, *m.repeats]
+def confirm_run(ctx: Context, cand: Candidate, j: int, cancel: threading.Event | None = None
+                ) -> tuple[TrainResult, Row]:
+    """The j-th confirmation run of cand (seed + j) and its `repeat` row (a worker's part)."""
+    cfg = ctx.cfg
+    log_j = cfg.logs_dir / f"iter-{cand.iteration:04d}-r{j}.log"
+    rerun = train(ctx, cand.commit, log_j, cfg.seed + j, cancel=cancel, iteration=cand.iteration)
+    return rerun, repeat_row(cfg, rerun, cand.iteration, cand.commit, cfg.seed + j, log_j, ctx.researcher.name,
+                             cand.model)
+
+
+def primary_row(ctx: Context, cand: Candidate, verdict: str, description: str, values: list[float],
+                first: FirstRun, sigma: float | None) -> Row:
+    """The candidate's own row: the first run's value, and the mean over its runs."""
+    mean = statistics.fmean(values)
+    row = cand.row(ctx, "keep" if verdict == decide.KEEP else "discard", description, first.result, first.log)
+    row.runs, row.seed, row.sigma = len(values), ctx.cfg.seed, sigma
+    row.delta = mean - cand.best_before
+    if len(values) > 1:
+        row.mean = mean
+        row.description = ledger.one_line(f"{description} [mean of {len(values)} runs]")
+    return row
 
 
 def rebased(ctx: Context, state: RunState, cand: Candidate, onto: str, iteration: int) -> Candidate | list[str]:
@@ -439,8 +396,10 @@ def rebased(ctx: Context, state: RunState, cand: Candidate, onto: str, iteration
     if iteration != cand.iteration:  # a re-evaluation: the proposal's cost is on the first row
         new.proposal = Proposal(new.description, Usage(), 0.0)
         new.cost_usd, new.started_at, new.t0 = 0.0, now_iso(), time.monotonic()
+        new.kind = "reeval"
     if not [c for c in ctx.wt.changes() if "__pycache__/" not in c.path]:
-        new.outcome = new.row(ctx, "skip", f"{new.description} [its change is already in the best]")
+        new.outcome = new.row(ctx, "skip", f"{new.description} [its change is already in the best]",
+                              reason="already in the best")
         return new
     if commit_candidate(ctx, state, new, trailers=f"Harness-Rebased-From: {cand.commit}\n"):
         record_tried(ctx.cfg, new.digest)
@@ -450,17 +409,19 @@ def rebased(ctx: Context, state: RunState, cand: Candidate, onto: str, iteration
 def conflict_row(ctx: Context, cand: Candidate, onto: str, files: list[str]) -> Row:
     """The `invalid` row of a candidate whose change conflicts with a newer best."""
     return cand.row(ctx, "invalid", f"{cand.description} [invalid: conflicts with the new best "
-                                    f"{onto[:12]} after rebase: {', '.join(files)}]")
+                                    f"{onto[:12]} after rebase: {', '.join(files)}]",
+                    reason="conflicts with the new best")
 
 
 def repeat_row(cfg: RunConfig, result: TrainResult, candidate: int, commit: str, seed: int,
-               log: Path, agent: str, model: str | None) -> Row:
-    """An extra training run of identical code: its own row, linked to its candidate."""
-    status = "repeat" if result.status == "ok" else result.status
-    reason = "" if result.status == "ok" else f" [{result.reason}]"
-    return Row(commit=commit, metric=result.value(cfg.metric), status=status,
+               log: Path, agent: str, model: str | None, kind: str = "confirm") -> Row:
+    """An extra training run of identical code: its own `repeat` row, linked to its candidate, failed
+    or not (a failed one has no value; its reason says why): an iteration has one decision row."""
+    reason = "" if result.status == "ok" else f" [{result.status}: {result.reason}]"
+    return Row(commit=commit, metric=result.value(cfg.metric) if result.status == "ok" else None, status="repeat",
                description=f"repeat of iteration {candidate} (seed {seed}){reason}",
                iteration=candidate, arm=cfg.arm, agent=agent, model=model or "",
                memory_gb=memory_gb(result), started_at=now_iso(), train_s=round(result.train_s, 3),
                wall_s=round(result.train_s, 3), seed=seed, candidate=candidate, log=rel(cfg, log),
-               sealed=seal.cell(result), node=result.node)
+               sealed=seal.cell(result), node=result.node, kind=kind,
+               reason="" if result.status == "ok" else ledger.reason_code(result.status, result.reason))

@@ -24,7 +24,7 @@ from .config import RunConfig
 from .ledger import Row
 
 CLOCK_NAME = "clock.json"
-REEVALUATED_RE = re.compile(r"re-evaluated on it as iteration (\d+)")
+REEVALUATED_RE = re.compile(r"re-evaluated on it as iteration (\d+)")  # ledgers before the `kind` column
 WALL_WINDOW = 5  # iterations whose slowest wall time estimates the next one
 
 
@@ -62,9 +62,11 @@ class RunClock:
 
 def proposals(rows: list[dict[str, Any]]) -> int:
     """Candidates the researcher proposed, from the ledger alone."""
-    again = {int(m) for r in rows for m in REEVALUATED_RE.findall(r.get("description") or "")}
-    return sum(1 for r in rows if (r.get("iteration") or 0) > 0 and r.get("status") not in ("repeat", "budget")
-               and r.get("iteration") not in again)
+    again = {int(m) for r in rows if r.get("kind") is None
+             for m in REEVALUATED_RE.findall(r.get("description") or "")}
+    return sum(1 for r in rows if (r.get("iteration") or 0) > 0
+               and r.get("status") not in ("repeat", "budget", "stopped")  # a stopped call is spend only
+               and r.get("kind") != "reeval" and r.get("iteration") not in again)
 
 
 class Spend:
@@ -115,7 +117,7 @@ class StopPolicy:
 
     def after_row(self, row: Row) -> None:
         self.spend.add(row)
-        if row.status not in ("repeat", "budget"):
+        if row.status not in ("repeat", "budget", "stopped"):
             self.walls = (self.walls + [row.wall_s or 0.0])[-WALL_WINDOW:]
         self.clock.save()
 
@@ -152,7 +154,7 @@ class StopPolicy:
 def budget_row(cfg: RunConfig, best_commit: str, iteration: int, reason: str, agent: str) -> Row:
     """The final row of a run stopped by --max-tokens or --max-cost."""
     return Row(commit=best_commit, metric=None, status="budget", iteration=iteration, arm=cfg.arm,
-               description=f"stopped: {reason}", agent=agent, model=pricing.resolve_model(cfg.model) or "",
+               description=f"stopped: {reason}", kind="budget", reason="budget", agent=agent, model=pricing.resolve_model(cfg.model) or "",
                started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 

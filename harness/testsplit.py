@@ -123,10 +123,8 @@ def scored(rows: list[dict[str, Any]], commit: str) -> dict[str, Any] | None:
 class Scorer:
     """Scores the baseline and the best of one run on the test split (RunDriver: poll, at_end)."""
 
-    def __init__(self, ctx: Any, state: Any, cancel: threading.Event, progress: Any = None,
-                 lock: Any = None):
-        self.ctx, self.state, self.cancel = ctx, state, cancel
-        self.lock = lock or threading.RLock()  # the run's: its ledger, best and worktree
+    def __init__(self, ctx: Any, state: Any, cancel: threading.Event, progress: Any = None):
+        self.ctx, self.state, self.cancel = ctx, state, cancel  # due() is called by the driver's loop only
         self.cfg = ctx.cfg
         self.progress = progress
         self.looked = 0.0
@@ -135,28 +133,31 @@ class Scorer:
     def on(self) -> bool:
         return bool(self.cfg.test_command)
 
-    def poll(self, now: bool = False) -> None:
-        """--test-every N: the commit kept N-th, 2N-th, ... (the best so far then), each once."""
+    def due(self, now: bool = False) -> list[tuple[str, str, int]]:
+        """--test-every N: the commit kept N-th, 2N-th, ... (the best so far then); score_points
+        skips those scored already."""
         if not self.on or not self.cfg.test_every or (not now and time.monotonic() - self.looked < POLL_S):
-            return
+            return []
         self.looked = time.monotonic()
         n = self.cfg.test_every
-        with self.lock:
-            rows = ledger.read_rows(self.cfg.ledger_path)
-            kept = [r for r in rows if r.get("status") == "keep"][1:]  # after the baseline's
-            due = [(self.ctx.wt.resolve(str(kept[m - 1]["commit"])), f"every {n} keeps", m)
-                   for m in range(n, len(kept) + 1, n)]
-        self.score_points(due, rows)
+        rows = ledger.read_rows(self.cfg.ledger_path)
+        kept = [r for r in rows if r.get("status") == "keep"][1:]  # after the baseline's
+        return [(self.ctx.wt.resolve(str(kept[m - 1]["commit"])), f"every {n} keeps", m)
+                for m in range(n, len(kept) + 1, n)]
 
-    def at_end(self) -> None:
-        """The end of the run (not a stop by a signal): the baseline and the final best."""
-        if self.on and not self.cancel.is_set():
-            self.poll(now=True)  # the --test-every points the run's last keeps left
-            with self.lock:
-                rows = ledger.read_rows(self.cfg.ledger_path)
-                kept = sum(1 for r in rows if r.get("status") == "keep") - 1
-                best = self.state.best_commit
-            self.score_points([(best, "end", max(0, kept))], rows)
+    def end_points(self) -> list[tuple[str, str, int]]:
+        """The end of the run (not a stop by a signal): the --test-every points the run's last keeps
+        left, then the final best."""
+        if not self.on or self.cancel.is_set():
+            return []
+        rows = ledger.read_rows(self.cfg.ledger_path)
+        kept = sum(1 for r in rows if r.get("status") == "keep") - 1
+        return [*self.due(now=True), (self.state.best_commit, "end", max(0, kept))]
+
+    def unscored(self, wanted: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
+        base = self.state.baseline_commit
+        return [w for w in [(base, "baseline", 0), *wanted]
+                if w[0] and scored(read_or_restart(self.cfg.run_dir), w[0]) is None]
 
     def score_points(self, wanted: list[tuple[str, str, int]], rows: list[dict[str, Any]]) -> None:
         """The baseline, then each (commit, point, keeps) of wanted, unless already scored."""

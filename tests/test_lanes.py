@@ -135,15 +135,17 @@ class DroppedAtTheStop:
         return Proposal(f"iteration {task.iteration}")
 
 
-def test_a_number_a_stop_dropped_is_handed_out_again_on_resume(tmp_path: Path):
-    """Iteration 1 was dropped at the stop, iteration 2 was training: after --resume the ledger's
-    numbers are 1..N, each once, with no gap where the dropped proposal was."""
+def test_a_proposal_dropped_at_the_stop_keeps_its_number_and_its_spend(tmp_path: Path):
+    """Iteration 1 came back after the stop (never committed), iteration 2 was training: iteration 1
+    is a `stopped` row with what it spent, and after --resume the ledger's numbers are 1..N, each once."""
     repo = make_repo(tmp_path / "r", KNOBS_TRAIN)
     cfg = resolve(repo, "gap", {"baseline_runs": 1, "gate": "strict", "iterations": 3, "gpus": ("0", "1"),
                                 "pipeline": False, "time_budget": 20})
     summary = driver.run(cfg, researcher=DroppedAtTheStop(stop=True))
     assert "interrupted" in summary.stopped
-    assert [r["iteration"] for r in ledger.read_rows(cfg.ledger_path)] == [0]  # 1 dropped, 2 journaled
+    rows = ledger.read_rows(cfg.ledger_path)
+    assert [(r["iteration"], r["status"]) for r in rows] == [(0, "keep"), (1, "stopped")]  # 2 journaled
+    assert rows[1]["agent_s"] >= 2.0 and rows[1]["train_s"] is None and "iteration 1" in rows[1]["description"]
     driver.run(cfg, resume=True, researcher=DroppedAtTheStop(stop=False))
     rows = ledger.read_rows(cfg.ledger_path)
     assert sorted(r["iteration"] for r in rows) == [0, 1, 2, 3], rows

@@ -150,10 +150,14 @@ def test_ctrl_c_with_a_proposal_in_flight_then_resume(repo: Path, second, waitin
     summary = driver.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9, "SLEEP_S": 8}, second]))
     assert time.monotonic() - t0 < 6.5  # the 8 s training job was killed, not waited for
     assert "interrupted" in summary.stopped
-    # Nothing was decided, so nothing is on the ledger yet: the committed candidates wait in
-    # their journals for --resume to train them. The late proposal was never committed.
+    # Nothing was decided: the committed candidates wait in their journals for --resume to train
+    # them. The late proposal was never committed; what it spent is on a `stopped` row of its own.
+    late = second is interrupt_then_propose
     rows = check_run(repo, cfg, waiting=len(waiting))
-    assert len(rows) == 1
+    assert [(r["iteration"], r["status"]) for r in rows] == [(0, "keep")] + ([(2, "stopped")] if late else [])
+    if late:
+        assert rows[1]["agent_s"] >= 1.0 and rows[1]["train_s"] is None and rows[1]["kind"] == "stopped"
+        assert "late proposal" in rows[1]["description"] and "never trained" in rows[1]["description"]
     journaled = sorted(json.loads(p.read_text())["iteration"] for p in cfg.run_dir.glob("inflight*.json"))
     assert journaled == waiting
     for path in (cfg.run_dir / "lanes").iterdir():
@@ -161,12 +165,14 @@ def test_ctrl_c_with_a_proposal_in_flight_then_resume(repo: Path, second, waitin
     # --resume trains them first, then goes on: the numbering continues, nothing is recorded twice.
     summary = driver.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": 0.8}, {"VALUE": 0.95}, {"VALUE": 0.6}]))
     rows = check_run(repo, cfg)
-    assert [r["iteration"] for r in rows] == list(range(5))
-    assert rows[1]["status"] == "keep" and rows[1]["metric"] == pytest.approx(0.9) and rows[1]["train_s"] >= 4
+    by_iter = {r["iteration"]: r for r in rows}
+    assert sorted(by_iter) == list(range(5))
+    assert by_iter[1]["status"] == "keep" and by_iter[1]["metric"] == pytest.approx(0.9) and by_iter[1]["train_s"] >= 4
     if len(waiting) == 2:  # the waiting 0.7 was proposed on the baseline and edits the line 0.9 edited
-        assert rows[2]["status"] == "invalid" and "after rebase" in rows[2]["description"]
+        assert by_iter[2]["status"] == "invalid" and "after rebase" in by_iter[2]["description"]
     # 0.8 is kept; 0.95, proposed on the old best meanwhile, edits the same line: a recorded conflict.
-    assert [r["status"] for r in rows[len(waiting) + 1:]] == ["keep", "invalid", "keep"][: 4 - len(waiting)]
+    fresh = [by_iter[i]["status"] for i in range(len(waiting) + 1 + late, 5)]
+    assert fresh == ["keep", "invalid", "keep"][: len(fresh)]
     assert summary.best_value < 0.9
 
 
