@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import driver, pipeline, pricing, report, runs
+from . import atomic, driver, pipeline, pricing, report, runs
 from .agents import Researcher, make_researcher
 from .arms import ArmSpec
 from .config import RunConfig, resolve
@@ -157,7 +157,7 @@ def write_setup(run_dir: Path, tag: str, base: str, schedule: str, gpus: list[st
         } for name, arm in arms.items()},
     }
     run_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(setup, indent=2) + "\n")
+    atomic.atomic_write(path, json.dumps(setup, indent=2) + "\n")
 
 
 def old_specs(old: dict[str, Any]) -> list[ArmSpec]:

@@ -1,10 +1,17 @@
 """Run configuration: CLI flags > [tool.harness] in the research repo > defaults.
 
 Resolved once into a frozen RunConfig; everything downstream reads only that object.
+
+Every setting is declared once, on its RunConfig field (`declare`: default, kind of value with its
+bounds or choices, help, flag, how a resume treats a change; the machinery and why it is not pydantic:
+settings.py). From that one table come the validation of the repo's file and of the flags, the
+resume-time check (`compare_resume`), the comments `harness init` writes (`toml_lines`) and the docs'
+table (docs/configuration.md, `settings_table`; scripts/settings_table.py rewrites it).
 """
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
 import json
 import re
@@ -13,335 +20,164 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import settings as schema
 from .decide import GateSettings
 from .errors import ConfigError
+from .settings import CLI, RECORDED, REFUSED, Bad, Choice, Flag, Number, Resources, Setting, Strings, Text, Tracker
+from .settings import declare as _declare
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-# ---------------------------------------------------------------------------
-# Workload settings: these may come from pyproject.toml [tool.harness] or harness.toml.
-
-WORKLOAD_DEFAULTS: dict[str, Any] = {
-    "editable": ["train.py"],
-    "protected": ["prepare.py"],
-    "train_command": "python train.py",
-    "metric": "val_bpb",
-    "direction": "minimize",
-    "time_budget": 300,  # s of training per experiment
-    "kill_after": None,  # s, hard deadline; None = 2 * time_budget + 120
-    "program": "program.md",
-    "max_steps": None,  # HARNESS_MAX_STEPS for the job: step-bounded, bit-identical runs
-    "history_rows": 10,  # ledger rows shown to the researcher
-    "agent": "mutate",
-    "model": None,
-    "agent_timeout": 1800,  # s, one researcher invocation
-    "stall_after_min": 20,  # min without training output before the job is killed
-    "keep_ties": False,
-    "seed": 42,
-    "gate": "noise",  # strict: any improvement; noise: beyond the measured noise floor
-    "baseline_runs": 2,  # baseline trainings; their spread is the first noise estimate
-    "confirm": 1,  # extra runs (other seeds) that confirm a win before it is kept
-    "min_delta": 0.0,  # smallest improvement worth keeping, metric units
-    "z": 2.0,  # standard errors an improvement must exceed under the noise gate
-    "sealed": None,  # metric only from prepare.py's sealed result; None = when a protected file can seal
-    "policy": True,  # static check of proposed diffs for known cheats (policy.py)
-    "health_every": 25,  # iterations between health checkpoints; 0 = none
-    "on_unhealthy": "stop",  # stop | continue, when a health checkpoint fails
-    "track": None,  # experiment tracker: "mlflow" (or "mlflow:URI"); None = none (harness/track/)
-    "track_uri": None,  # the tracker's URI; None = sqlite:///runs/mlflow.db in the research repo
-    "track_timeout": 30,  # s the end of a run waits for the tracker to catch up
-    "sandbox": "auto",  # auto | bwrap | off: training jobs and evaluations under bubblewrap (executors/sandbox.py)
-    "network": False,  # let sandboxed jobs reach the network
-    "agent_sandbox": "auto",  # auto | bwrap | off: the researcher's own process under bubblewrap (agents/sandboxed.py)
-    "agent_network": True,  # let the sandboxed researcher reach the network (its API); off for a cmd: that needs none
-    "evaluate_command": None,  # the metric from this command, run after the job from the baseline's files
-    "train_data_command": None,  # writes the training split for the job (HARNESS_OUTPUT_DIR); the data is hidden
-    "test_command": None,  # the private test split's figure (evaluate_command's contract); never decides (testsplit.py)
-    "test_every": 0,  # keeps between test scorings of the best so far; 0 = at the end of the run only
-    "executor": "local",  # where training jobs run: local (this machine's GPUs) | ray (a Ray cluster)
-    "ray_address": None,  # the Ray cluster; None = $RAY_ADDRESS, else "auto"
-    "job_resources": None,  # Ray resources per job, e.g. {"GPU": 1} (the default) or {"CPU": 1}
-    "slots": None,  # jobs at once on the cluster; None = what its resources hold
-    "setup_command": None,  # once per Ray node before its first job; `uv run`: the run's env (uv sync --frozen)
-    "setup_timeout": 3600,  # s, the setup command's hard limit
-    # Bounds per job and per evaluation (executors/limits.py); None = derived from the machine, 0 = none
-    "job_memory_mb": None,  # MB of memory; default half of MemTotal
-    "job_pids": None,  # processes and threads; default 4096
-    "job_disk_mb": None,  # MB each of private /tmp, output folder and worktree may grow; default 1/4 of free disk
-    "job_log_mb": None,  # MB of log kept (head and tail); default 64
-    "eval_kill_after": None,  # s, an evaluation's hard deadline; None = calibrated on the baseline's evaluation
-}
-
-RENAMED = {"stall_after": "stall_after_min"}
 TRACKERS = ("mlflow",)
-# Researcher settings a repo's file may give too; they join agent_options (the CLI's flags win).
-# A file's setting that does not apply to the chosen backend is left out, not an error.
-AGENT_FILE_KEYS = {"base_url": "base_url", "agent_executable": "executable", "agent_args": "agent_args"}
 EXECUTORS = ("local", "ray")
-LIMIT_KEYS = ("job_memory_mb", "job_pids", "job_disk_mb", "job_log_mb", "eval_kill_after")
-
+SANDBOXES = ("auto", "bwrap", "off")
 TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
-def _check_value(key: str, value: Any) -> Any:
-    """Validate one setting; return it normalised or raise ConfigError saying how to fix it."""
-    def want(cond: bool, what: str) -> None:
-        if not cond:
-            raise ConfigError(f"config key {key!r} must be {what}, got {value!r}")
-
-    if key in ("editable", "protected"):
-        want(isinstance(value, list) and all(isinstance(v, str) and v for v in value),
-             "a list of file paths relative to the repo root")
-        want(all(not Path(v).is_absolute() and ".." not in Path(v).parts for v in value),
-             "paths inside the repo (relative, no '..')")
-        if key == "editable":
-            want(len(value) > 0, "a non-empty list")
-        return list(value)
-    if key in ("train_command", "metric", "program", "agent"):
-        want(isinstance(value, str) and value.strip() != "", "a non-empty string")
-        return value
-    if key == "model":
-        want(value is None or isinstance(value, str), "a model name")
-        return value
-    if key == "direction":
-        want(value in ("minimize", "maximize"), "'minimize' or 'maximize'")
-        return value
-    if key in ("time_budget", "kill_after", "agent_timeout", "stall_after_min"):
-        if key == "kill_after" and value is None:
-            return None
-        want(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
-             "a positive number of seconds" if key != "stall_after_min" else "a positive number of minutes")
-        return float(value)
-    if key == "max_steps":
-        want(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
-             "a number of steps >= 1")
-        return value
-    if key in ("history_rows", "seed"):
-        want(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
-             "a non-negative integer")
-        return value
-    if key == "gate":
-        want(value in ("strict", "noise"), "'strict' or 'noise'")
-        return value
-    if key in ("baseline_runs",):
-        want(isinstance(value, int) and not isinstance(value, bool) and value >= 1, "an integer >= 1")
-        return value
-    if key == "confirm":
-        want(isinstance(value, int) and not isinstance(value, bool) and value >= 0, "an integer >= 0")
-        return value
-    if key == "min_delta":
-        want(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
-             "a non-negative number")
-        return float(value)
-    if key == "z":
-        want(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
-             "a positive number of standard errors")
-        return float(value)
-    if key in ("keep_ties", "policy"):
-        want(isinstance(value, bool), "true or false")
-        return value
-    if key == "sealed":
-        want(value is None or isinstance(value, bool), "true or false")
-        return value
-    if key in ("sandbox", "agent_sandbox"):
-        want(value in ("auto", "bwrap", "off"), "'auto', 'bwrap' or 'off'")
-        return value
-    if key in ("network", "agent_network"):
-        want(isinstance(value, bool), "true or false")
-        return value
-    if key in ("evaluate_command", "train_data_command", "test_command"):
-        want(value is None or (isinstance(value, str) and value.strip() != ""), "a command line")
-        return value
-    if key in ("health_every", "test_every"):
-        want(isinstance(value, int) and not isinstance(value, bool) and value >= 0, "a non-negative integer")
-        return value
-    if key == "track":
-        backend = value.partition(":")[0] if isinstance(value, str) else value
-        want(value is None or backend in (*TRACKERS, "none"),
-             f"one of {', '.join(TRACKERS)} (optionally with :URI, e.g. mlflow:http://127.0.0.1:5000) or none")
-        return None if backend == "none" else value
-    if key == "track_uri":
-        want(value is None or (isinstance(value, str) and value.strip() != ""), "a tracking URI")
-        return value
-    if key == "track_timeout":
-        want(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
-             "a non-negative number of seconds")
-        return float(value)
-    if key in LIMIT_KEYS:
-        if key == "eval_kill_after":
-            want(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0),
-                 "a positive number of seconds")
-            return None if value is None else float(value)
-        low = 1 if key == "job_log_mb" else 0
-        want(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= low),
-             f"an integer >= {low}" + (" (0 = no bound)" if low == 0 else ""))
-        return value
-    if key in ("executor", "ray_address", "job_resources", "slots", "setup_command", "setup_timeout"):
-        return _check_executor_value(key, value, want)
-    if key == "on_unhealthy":
-        want(value in ("stop", "continue"), "'stop' or 'continue'")
-        return value
-    if key in ("base_url", "agent_executable"):
-        want(isinstance(value, str) and value.strip() != "", "a non-empty string")
-        return value
-    if key == "agent_args":
-        want(isinstance(value, list) and all(isinstance(v, str) for v in value), "a list of strings")
-        return tuple(value)
-    known = sorted([*WORKLOAD_DEFAULTS, *AGENT_FILE_KEYS])
-    raise ConfigError(f"unknown config key {key!r}; known keys: {', '.join(known)}")
+def declare(default: Any, kind: Any, help: str, flag: str | bool | None = True, **rest: Any) -> Any:
+    """A RunConfig field that is a setting. flag: True = `--` and the name with dashes; a string: that
+    flag; None: none (a settings file's key only)."""
+    return _declare(default, kind, help, flag=flag, **rest)
 
 
-def _check_executor_value(key: str, value: Any, want) -> Any:
-    if key == "executor":
-        want(value in EXECUTORS, f"one of {', '.join(EXECUTORS)}")
-        return value
-    if key in ("ray_address", "setup_command"):
-        want(value is None or (isinstance(value, str) and value.strip() != ""), "a non-empty string")
-        return value
-    if key == "job_resources":
-        if isinstance(value, str):  # --job-resources '{"GPU": 1}'
-            try:
-                value = json.loads(value)
-            except ValueError:
-                want(False, 'a JSON object of resource amounts, e.g. {"GPU": 1} or {"CPU": 1}')
-        want(value is None or (isinstance(value, dict) and value and all(
-            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
-            for k, v in value.items())), 'resource amounts > 0 by name, e.g. {"GPU": 1} or {"CPU": 1}')
-        return None if value is None else {k: float(v) for k, v in value.items()}
-    if key == "slots":
-        want(value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1),
-             "an integer >= 1")
-        return value
-    want(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0, "a positive number of seconds")
-    return float(value)
-
-
-# Limits of one invocation (CLI only): each must be positive, else the run would start and
-# stop at once, or never stop; the message names the flag.
-RUN_LIMITS: dict[str, tuple[type, str]] = {
-    "hours": (float, "a positive number of hours, e.g. --hours 8"),
-    "iterations": (int, "a positive number of iterations, e.g. --iterations 50"),
-    "max_tokens": (int, "a positive number of tokens, e.g. --max-tokens 2000000"),
-    "max_cost": (float, "a positive amount of USD, e.g. --max-cost 20"),
-}
-# The researcher's options: (minimum, whether the minimum itself is allowed).
-AGENT_LIMITS: dict[str, tuple[float, bool]] = {
-    "request_timeout": (0, False), "max_retries": (0, True), "repair_turns": (0, True),
-    "temperature": (0, True),
-}
-
-
-def check_limits(overrides: dict[str, Any]) -> None:
-    """Refuse a negative or zero limit with a message that names the flag and what to pass."""
-    for key, (kind, what) in RUN_LIMITS.items():
-        value = overrides.get(key)
-        if value is None:
-            continue
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not number or value <= 0 or (kind is int and int(value) != value):
-            flag = "--" + key.replace("_", "-")
-            raise ConfigError(f"{flag} must be {what}; got {value!r}. Leave it out for no limit.")
-    for key, value in (overrides.get("agent_options") or {}).items():
-        if key not in AGENT_LIMITS or value is None:
-            continue
-        low, inclusive = AGENT_LIMITS[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or (
-                value == low and not inclusive):
-            flag = "--" + key.replace("_", "-")
-            raise ConfigError(f"{flag} must be {'>=' if inclusive else '>'} {low:g}; got {value!r}.")
-
-
-def read_repo_settings(repo: Path) -> tuple[dict[str, Any], Path | None]:
-    """The [tool.harness] table of repo/pyproject.toml, or the whole of repo/harness.toml."""
-    harness_toml = repo / "harness.toml"
-    pyproject = repo / "pyproject.toml"
-    for path, table in ((harness_toml, None), (pyproject, ("tool", "harness"))):
-        if not path.exists():
-            continue
-        try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path} is not valid TOML: {e}. Fix the file and try again.") from e
-        if table:
-            for part in table:
-                data = data.get(part, {}) if isinstance(data, dict) else {}
-            if not data:
-                continue
-        if "tool" in data and table is None and isinstance(data.get("tool"), dict):
-            data = data["tool"].get("harness", data)
-        return dict(data), path
-    return {}, None
+SECONDS = dict(gt=0, unit="seconds")
 
 
 @dataclass(frozen=True)
 class RunConfig:
     repo: Path
     tag: str
-    editable: tuple[str, ...]
-    protected: tuple[str, ...]
-    train_command: str
-    metric: str
-    direction: str
-    time_budget: float  # s
-    kill_after: float  # s
-    program: str
-    max_steps: int | None
-    history_rows: int
-    agent: str
-    model: str | None
-    agent_timeout: float  # s
-    stall_after_min: float
-    keep_ties: bool
-    seed: int
-    gate: str
-    baseline_runs: int
-    confirm: int
-    min_delta: float
-    z: float
-    hours: float | None = None
-    iterations: int | None = None
-    from_rev: str = "HEAD"
+    # --- What is measured, and how it is judged (a change refuses a --resume)
+    editable: tuple[str, ...] = declare(("train.py",), Strings(paths=True, nonempty=True),
+                                        "the only files the researcher may change", None, resume=REFUSED)
+    protected: tuple[str, ...] = declare(("prepare.py",), Strings(paths=True),
+                                         "checked by hash around every job; never changed", None, resume=REFUSED)
+    train_command: str = declare("python train.py", Text(), "the training job, run in the run's worktree", None,
+                                 resume=REFUSED)
+    metric: str = declare("val_bpb", Text(), "the result's name (`val_bpb: 1.23` after a `---` line)", None,
+                          resume=REFUSED)
+    direction: str = declare("minimize", Choice(options=("minimize", "maximize")), "which way is better", None,
+                             resume=REFUSED)
+    time_budget: float = declare(300.0, Number(**SECONDS), "s of training per experiment (HARNESS_TIME_BUDGET)",
+                                 resume=REFUSED)
+    kill_after: float | None = declare(None, Number(none=True, **SECONDS), "s, hard deadline per training job",
+                                       none="2 x time_budget + 120", resume=RECORDED)
+    program: str = declare("program.md", Text(), "what the researcher reads every iteration", None)
+    max_steps: int | None = declare(None, Number(ge=1, integer=True, unit="steps", none=True),
+                                    "each job stops after N steps (HARNESS_MAX_STEPS): step-bounded, bit-identical "
+                                    "runs", none="none", resume=REFUSED)
+    history_rows: int = declare(10, Number(ge=0, integer=True), "ledger rows shown to the researcher", None,
+                                resume=RECORDED)
+    agent: str = declare("mutate", Text(), "the researcher: mutate (offline), openai, codex, claude, gemini, "
+                         "cmd:TEMPLATE")
+    model: str | None = declare(None, Text(describe="a model name", empty=True, none=True),
+                                "the researcher's model or alias (models.toml)", none="the backend's own")
+    agent_timeout: float = declare(1800.0, Number(**SECONDS), "s, hard limit per researcher call", resume=RECORDED)
+    stall_after_min: float = declare(20.0, Number(gt=0, unit="minutes"),
+                                     "min without training output before the job is killed", "--stall-after",
+                                     resume=RECORDED, aliases=("stall_after",))
+    keep_ties: bool = declare(False, Flag(), "keep a candidate that equals the best", "--keep-ties/--no-keep-ties",
+                              resume=REFUSED)
+    seed: int = declare(42, Number(ge=0, integer=True), "seed of training and of the mutate researcher")
+    gate: str = declare("noise", Choice(options=("strict", "noise")),
+                        "the keep rule: strict (any improvement) or noise (beyond the measured noise floor)",
+                        resume=REFUSED)
+    baseline_runs: int = declare(2, Number(ge=1, integer=True),
+                                 "baseline trainings; their spread is the first noise estimate")
+    confirm: int = declare(1, Number(ge=0, integer=True),
+                           "extra runs (other seeds) that confirm a win before it is kept", resume=REFUSED)
+    min_delta: float = declare(0.0, Number(ge=0), "smallest improvement worth keeping, in metric units",
+                               resume=REFUSED)
+    z: float = declare(2.0, Number(gt=0, unit="standard errors"),
+                       "standard errors an improvement must exceed under the noise gate", resume=REFUSED)
+    sealed: bool | None = declare(None, Flag(none=True), "the metric only from the protected code's sealed result",
+                                  None, none="when a protected file can seal", resume=REFUSED)
+    policy: bool = declare(True, Flag(), "the static check of proposed diffs for known cheats (policy.py)", None,
+                           resume=REFUSED)
+    # --- Health checkpoints (health.py)
+    health_every: int = declare(25, Number(ge=0, integer=True, zero="none"),
+                                "iterations between health checkpoints", resume=RECORDED)
+    on_unhealthy: str = declare("stop", Choice(options=("stop", "continue")), "what a failed health checkpoint does",
+                                resume=RECORDED)
+    # --- Limits and pacing of one invocation (command line only; a change on --resume is recorded)
+    hours: float | None = declare(None, Number(gt=0, unit="hours", none=True), "the run stops after this long",
+                                  where=CLI, none="no limit", resume=RECORDED, hint="Leave it out for no limit.")
+    iterations: int | None = declare(None, Number(ge=1, integer=True, unit="iterations", none=True),
+                                     "the run stops after this many proposals", where=CLI, none="no limit",
+                                     resume=RECORDED, hint="Leave it out for no limit.")
+    from_rev: str = declare("HEAD", Text(), "the commit a new run starts from", "--from", where=CLI)
     rebaseline: bool = False  # --resume --rebaseline: a run whose baseline never succeeded starts again from from_rev
-    max_tokens: int | None = None
-    max_cost: float | None = None  # USD
+    max_tokens: int | None = declare(None, Number(ge=1, integer=True, unit="tokens", none=True),
+                                     "the run stops before its tokens would pass this", where=CLI, none="no limit",
+                                     resume=RECORDED, hint="Leave it out for no limit.")
+    max_cost: float | None = declare(None, Number(gt=0, noun="amount", unit="USD", none=True),
+                                     "the run stops before its cost would pass this", where=CLI, none="no limit",
+                                     resume=RECORDED, hint="Leave it out for no limit.")
     agent_options: dict[str, Any] = field(default_factory=dict)
     config_file: str | None = None
     arm: str = ""  # A/B arm name ("a", "b"); "" for a single run
     run_root: Path | None = None  # where the run's files live; default repo/runs/<tag>
     gpu: str | None = None  # CUDA_VISIBLE_DEVICES for this run's training; None = inherited
-    sealed: bool | None = None  # see WORKLOAD_DEFAULTS
-    policy: bool = True
-    health_every: int = 25  # iterations
-    on_unhealthy: str = "stop"
-    pipeline: bool | None = None  # propose the next candidate while one trains; None = when safe
-    gpus: tuple[str, ...] = ()  # one lane per GPU (--gpus 0,1,2,3); () = one lane, inherited GPU
+    pipeline: bool | None = declare(None, Flag(none=True), "propose the next candidate while one trains",
+                                    "--pipeline/--no-pipeline", where=CLI, none="on for remote researchers",
+                                    resume=RECORDED)
+    gpus: tuple[str, ...] = declare((), Strings(), "one lane per GPU (CUDA_VISIBLE_DEVICES of each), e.g. 0,1,2,3",
+                                    where=CLI, none="one lane, the GPUs inherited", resume=RECORDED)
     repeat: int | None = None  # a tournament's repeat of its arm (1, 2, ...); None outside one
-    track: str | None = None  # see WORKLOAD_DEFAULTS
-    track_uri: str | None = None
-    track_timeout: float = 30.0  # s
-    sandbox: str = "auto"  # see WORKLOAD_DEFAULTS
-    network: bool = False
-    agent_sandbox: str = "auto"
-    agent_network: bool = True
-    evaluate_command: str | None = None
-    train_data_command: str | None = None
-    test_command: str | None = None
-    test_every: int = 0  # keeps
+    # --- Tracking (docs/tracking.md)
+    track: str | None = declare(None, Tracker(backends=TRACKERS, none=True),
+                                "the experiment tracker: mlflow, or mlflow:URI", none="none")
+    track_uri: str | None = declare(None, Text(describe="a tracking URI", none=True), "the tracker's URI", None,
+                                    none="sqlite:///runs/mlflow.db in the research repo")
+    track_timeout: float = declare(30.0, Number(ge=0, unit="seconds"),
+                                   "s the end of a run waits for the tracker to catch up", None)
+    # --- Confinement (docs/robustness.md)
+    sandbox: str = declare("auto", Choice(options=SANDBOXES),
+                           "training jobs and evaluations under bubblewrap (executors/sandbox.py)")
+    network: bool = declare(False, Flag(), "sandboxed jobs may reach the network", "--network/--no-network")
+    agent_sandbox: str = declare("auto", Choice(options=SANDBOXES),
+                                 "the researcher's own process under bubblewrap (agents/sandboxed.py)")
+    agent_network: bool = declare(True, Flag(), "the sandboxed researcher may reach the network (its API); "
+                                  "off for a cmd: that needs none", "--agent-network on|off")
+    # --- The evaluation and the private test split (docs/robustness.md, docs/report.md)
+    evaluate_command: str | None = declare(None, Text(describe="a command line", none=True),
+                                           "the metric from this command, run after the job from the baseline's "
+                                           "files", None, none="the job's printed result")
+    train_data_command: str | None = declare(None, Text(describe="a command line", none=True),
+                                             "writes the training split for the job (HARNESS_OUTPUT_DIR); the "
+                                             "data is hidden", None, none="none")
+    test_command: str | None = declare(None, Text(describe="a command line", none=True),
+                                       "the private test split's figure (evaluate_command's contract); never "
+                                       "decides (testsplit.py)", None, none="none")
+    test_every: int = declare(0, Number(ge=0, integer=True, zero="at the end of the run only"),
+                              "keeps between test scorings of the best so far", resume=RECORDED)
     score_test: bool = False  # internal: this job's model is scored on the test split too (testsplit.py)
-    executor: str = "local"  # see WORKLOAD_DEFAULTS (executors/)
-    ray_address: str | None = None
-    job_resources: dict[str, float] | None = None
-    slots: int | None = None
-    setup_command: str | None = None
-    setup_timeout: float = 3600.0  # s
-    job_memory_mb: int | None = None  # see WORKLOAD_DEFAULTS (executors/limits.py)
-    job_pids: int | None = None
-    job_disk_mb: int | None = None  # MB
-    job_log_mb: int | None = None  # MB
-    eval_kill_after: float | None = None  # s
+    # --- Where jobs run (docs/cluster.md)
+    executor: str = declare("local", Choice(options=EXECUTORS),
+                            "where training jobs run: this machine (local) or a Ray cluster (ray)")
+    ray_address: str | None = declare(None, Text(none=True), "the Ray cluster", none="$RAY_ADDRESS, else auto")
+    job_resources: dict[str, float] | None = declare(None, Resources(none=True), "Ray resources of one job",
+                                                     "--job-resources", none='{"GPU": 1}')
+    slots: int | None = declare(None, Number(ge=1, integer=True, none=True), "jobs at once on the cluster",
+                                none="what its resources hold, live")
+    setup_command: str | None = declare(None, Text(none=True), "once per Ray node before its first job; `uv run`: "
+                                        "the run's env (uv sync --frozen)", None, none="none")
+    setup_timeout: float = declare(3600.0, Number(**SECONDS), "s, the setup command's hard limit", None)
+    # --- Bounds per job and per evaluation (executors/limits.py)
+    job_memory_mb: int | None = declare(None, Number(ge=0, integer=True, zero="no bound", none=True),
+                                        "MB of memory per job", none="half of MemTotal", resume=RECORDED)
+    job_pids: int | None = declare(None, Number(ge=0, integer=True, zero="no bound", none=True),
+                                   "processes and threads per job", none="4096", resume=RECORDED)
+    job_disk_mb: int | None = declare(None, Number(ge=0, integer=True, zero="no bound", none=True),
+                                      "MB each of a job's private /tmp, output folder and worktree may grow",
+                                      none="1/4 of the free disk, at most 50 GB", resume=RECORDED)
+    job_log_mb: int | None = declare(None, Number(ge=1, integer=True, none=True),
+                                     "MB of a job's log kept (head and tail)", none="128", resume=RECORDED)
+    eval_kill_after: float | None = declare(None, Number(none=True, **SECONDS), "s, an evaluation's hard deadline",
+                                            none="calibrated on the baseline's evaluation", resume=RECORDED)
 
     @property
     def branch(self) -> str:
@@ -374,6 +210,128 @@ class RunConfig:
         return out
 
 
+
+
+# Researcher settings a repo's file may give too; they join agent_options (the CLI's flags win).
+# A file's setting that does not apply to the chosen backend is left out, not an error.
+AGENT_SETTINGS: dict[str, Setting] = {s.name: s for s in (
+    Setting("base_url", None, Text(), "the researcher's server: openai's client URL, codex's provider, claude's "
+            "ANTHROPIC_BASE_URL, gemini's GOOGLE_GEMINI_BASE_URL", flag="--base-url", none="the backend's own",
+            option="base_url"),
+    Setting("agent_executable", None, Text(), "codex/claude/gemini: the CLI to run (a path or a name on PATH)",
+            flag="--agent-executable", none="the backend's own", option="executable"),
+    Setting("agent_args", None, Strings(), "arguments passed through to the researcher CLI",
+            flag="--agent-arg (repeatable)", none="none", option="agent_args"),
+)}
+
+
+def _settings() -> dict[str, Setting]:
+    out = schema.from_fields(dataclasses.fields(RunConfig))
+    for name, s in out.items():
+        if s.flag is True:
+            out[name] = dataclasses.replace(s, flag="--" + name.replace("_", "-"))
+    return out
+
+
+SETTINGS: dict[str, Setting] = _settings()  # RunConfig's settings, by field name
+ALL_SETTINGS: dict[str, Setting] = {**SETTINGS, **AGENT_SETTINGS}  # the docs' table
+FILE_KEYS = {n: s for n, s in ALL_SETTINGS.items() if s.where == schema.FILE}
+ALIASES = {a: s.name for s in ALL_SETTINGS.values() for a in s.aliases}
+
+# Derived, for callers of the earlier tables:
+WORKLOAD_DEFAULTS: dict[str, Any] = {n: s.default for n, s in SETTINGS.items() if s.where == schema.FILE}
+RENAMED = ALIASES
+AGENT_FILE_KEYS = {n: s.option for n, s in AGENT_SETTINGS.items()}
+LIMIT_KEYS = ("job_memory_mb", "job_pids", "job_disk_mb", "job_log_mb", "eval_kill_after")
+RUN_LIMITS = tuple(n for n, s in SETTINGS.items() if s.hint)  # hours, iterations, max_tokens, max_cost
+
+
+def flag_of(key: str) -> str:
+    """What names a setting in a message about a value given on the command line (or by a caller): its
+    `harness run` flag, or, for a settings file's key alone, the key."""
+    s = ALL_SETTINGS.get(key)
+    return s.flag.split(" ")[0] if s is not None and s.flag else f"config key {key!r}"
+
+
+def _check(s: Setting, value: Any, source: str) -> Any:
+    try:
+        return s.check(value)
+    except Bad as e:
+        raise ConfigError(schema.message(s, value, str(e), source)) from None
+
+
+def _unknown(key: str) -> ConfigError:
+    known = sorted(FILE_KEYS)
+    near = difflib.get_close_matches(key, known, n=1)
+    return ConfigError(f"unknown config key {key!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
+                       + f"; known keys: {', '.join(known)}")
+
+
+def _check_value(key: str, value: Any) -> Any:
+    """Validate one settings-file key; return it normalised or raise ConfigError saying how to fix it."""
+    s = FILE_KEYS.get(ALIASES.get(key, key))
+    if s is None:
+        if key in SETTINGS:
+            raise ConfigError(f"config key {key!r} is given on the command line only ({SETTINGS[key].flag})")
+        raise _unknown(key)
+    return _check(s, value, f"config key {key!r}")
+
+
+# The researcher's options: (minimum, whether the minimum itself is allowed).
+AGENT_LIMITS: dict[str, tuple[float, bool]] = {
+    "request_timeout": (0, False), "max_retries": (0, True), "repair_turns": (0, True),
+    "temperature": (0, True),
+}
+
+
+def check_limits(overrides: dict[str, Any]) -> None:
+    """Refuse a negative or zero limit with a message that names the flag and what to pass."""
+    for key in RUN_LIMITS:
+        if overrides.get(key) is not None:
+            _check(SETTINGS[key], overrides[key], flag_of(key))
+    for key, value in (overrides.get("agent_options") or {}).items():
+        if key not in AGENT_LIMITS or value is None:
+            continue
+        low, inclusive = AGENT_LIMITS[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or (
+                value == low and not inclusive):
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(f"{flag} must be {'>=' if inclusive else '>'} {low:g}; got {value!r}.")
+
+
+def toml_lines(values: dict[str, Any]) -> str:
+    """Settings-file lines for these values, each with its help as a comment (`harness init`)."""
+    return schema.toml_lines(ALL_SETTINGS, values)
+
+
+def settings_table() -> str:
+    """The markdown table of every setting (docs/configuration.md holds it; a test keeps it equal)."""
+    return schema.markdown_table(ALL_SETTINGS)
+
+
+def read_repo_settings(repo: Path) -> tuple[dict[str, Any], Path | None]:
+    """The [tool.harness] table of repo/pyproject.toml, or the whole of repo/harness.toml."""
+    harness_toml = repo / "harness.toml"
+    pyproject = repo / "pyproject.toml"
+    for path, table in ((harness_toml, None), (pyproject, ("tool", "harness"))):
+        if not path.exists():
+            continue
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path} is not valid TOML: {e}. Fix the file and try again.") from e
+        if table:
+            for part in table:
+                data = data.get(part, {}) if isinstance(data, dict) else {}
+            if not data:
+                continue
+        if "tool" in data and table is None and isinstance(data.get("tool"), dict):
+            data = data["tool"].get("harness", data)
+        return dict(data), path
+    return {}, None
+
+
+
 def _with_file_agent(file_agent: dict[str, Any], agent: str, cli: dict[str, Any] | None) -> dict[str, Any]:
     """The file's researcher settings that apply to this backend, under the CLI's own."""
     from .agents import BACKEND_OPTIONS, backend_kind
@@ -388,33 +346,32 @@ def resolve(repo: Path, tag: str, overrides: dict[str, Any]) -> RunConfig:
         raise ConfigError(f"tag {tag!r} must be letters, digits, '.', '_' or '-' (at most 63)")
     check_limits(overrides)
     file_settings, path = read_repo_settings(repo)
-    for old, new in RENAMED.items():  # settings files written before a key got its unit in its name
-        if old in file_settings and new not in file_settings:
-            file_settings[new] = file_settings.pop(old)
-    merged = dict(WORKLOAD_DEFAULTS)
+    merged = {name: s.default for name, s in SETTINGS.items() if s.where == schema.FILE}
     file_agent: dict[str, Any] = {}
     for key, value in file_settings.items():
+        name = ALIASES.get(key, key)  # settings files written before a key got its unit in its name
+        if name != key and name in file_settings:
+            raise ConfigError(f"{path}: config key {key!r} is the old name of {name!r}; keep only {name!r}")
         try:
             checked = _check_value(key, value)
         except ConfigError as e:
             raise ConfigError(f"{path}: {e}") from e
-        if key in AGENT_FILE_KEYS:
-            file_agent[AGENT_FILE_KEYS[key]] = checked
+        if name in AGENT_SETTINGS:
+            file_agent[AGENT_SETTINGS[name].option] = checked
         else:
-            merged[key] = checked
-    run_only = {"hours", "iterations", "from_rev", "rebaseline", "max_tokens", "max_cost", "agent_options", "arm", "run_root", "gpu",
-                "pipeline", "gpus", "repeat"}
+            merged[name] = checked
     extra: dict[str, Any] = {}
     for key, value in overrides.items():
         if value is None:
             continue
-        if key in run_only:
+        s = SETTINGS.get(key)
+        if s is None:
+            if key not in INTERNAL:
+                raise _unknown(key)
             extra[key] = value
-        else:
-            try:
-                merged[key] = _check_value(key, value)
-            except ConfigError as e:  # given on the command line: the flag is what to fix
-                raise ConfigError(str(e).replace(f"config key {key!r}", flag_of(key), 1)) from None
+            continue
+        # given on the command line (or by a caller): the flag is what to fix
+        (extra if s.where == CLI else merged)[key] = _check(s, value, flag_of(key))
     if merged["track"] and ":" in merged["track"]:  # --track mlflow:URI
         merged["track"], merged["track_uri"] = merged["track"].split(":", 1)
         if not merged["track_uri"].strip():
@@ -430,9 +387,7 @@ def resolve(repo: Path, tag: str, overrides: dict[str, Any]) -> RunConfig:
                           "(or run with --executor local)")
     if merged["kill_after"] is None:
         merged["kill_after"] = 2 * merged["time_budget"] + 120
-    for key in ("editable", "protected"):
-        merged[key] = tuple(merged[key])
-    gpus = tuple(extra.get("gpus") or ())
+    gpus = extra.get("gpus", ())
     if len(set(gpus)) != len(gpus):
         raise ConfigError(f"--gpus {','.join(gpus)} lists a GPU twice; one job per GPU, e.g. --gpus 0,1,2,3")
     overlap = set(merged["editable"]) & set(merged["protected"])
@@ -445,19 +400,12 @@ def resolve(repo: Path, tag: str, overrides: dict[str, Any]) -> RunConfig:
 # Resume: the new settings against the run's manifest (run.json)
 
 # Settings that change what a row measures or how it is judged: a resumed run that changed one
-# would mix two experiments in one ledger, so the resume is refused.
-MEASURED = ("editable", "protected", "train_command", "metric", "direction", "time_budget", "max_steps",
-            "gate", "min_delta", "z", "keep_ties", "confirm", "sealed", "policy")
-# Limits and pacing: they may change between sessions; the change is recorded as an event.
-LIMITS = ("hours", "iterations", "max_tokens", "max_cost", "kill_after", "agent_timeout", "stall_after",
-          "health_every", "on_unhealthy", "history_rows", "pipeline", "gpus", "test_every", *LIMIT_KEYS)
-FLAGS = {"time_budget": "--time-budget", "max_steps": "--max-steps", "min_delta": "--min-delta",
-         "keep_ties": "--keep-ties/--no-keep-ties"}
-
-
-def flag_of(key: str) -> str:
-    """The `harness run` flag that sets a config key."""
-    return FLAGS.get(key, "--" + {"stall_after_min": "stall_after"}.get(key, key).replace("_", "-"))
+# would mix two experiments in one ledger, so the resume is refused. Limits and pacing may change
+# between sessions; the change is recorded as an event. Both by RunConfig field name, from the schema.
+MEASURED = tuple(n for n, s in SETTINGS.items() if s.resume == REFUSED)
+LIMITS = tuple(n for n, s in SETTINGS.items() if s.resume == RECORDED)
+# RunConfig fields that are no setting: what the CLI or the A/B launcher passes through as it is.
+INTERNAL = ("rebaseline", "agent_options", "arm", "run_root", "gpu", "repeat", "score_test")
 
 
 def _same(old: Any, new: Any) -> bool:
@@ -482,8 +430,7 @@ def compare_resume(old: dict[str, Any], cfg: RunConfig) -> tuple[list[str], list
 
 def refusal_message(tag: str, refused: list[str]) -> str:
     names = [r.split(" ", 1)[0] for r in refused]
-    flags = ", ".join(FLAGS.get(n, "--" + n.replace("_", "-")) if n not in ("editable", "protected",
-                      "train_command", "metric", "direction", "sealed", "policy") else n for n in names)
+    flags = ", ".join(SETTINGS[n].flag.split(" ")[0] if SETTINGS[n].flag else n for n in names)
     return (f"run {tag} was measured with other settings ({'; '.join(refused)}): resuming would mix two "
             f"experiments in one ledger. Resume with the run's own values ({flags}; see runs/{tag}/run.json), "
             f"or start a new run with another --tag.")

@@ -6,7 +6,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from .config import read_repo_settings
+from .config import read_repo_settings, toml_lines
 from .errors import RepoError
 from .gitgate import GitGate
 
@@ -53,9 +53,10 @@ EXAMPLE_FILES = ("train.py", "prepare.py", "program.md", "data/shakespeare.txt.x
 
 
 # The bundled workload's metric comes from a separate evaluation of the saved model (docs/robustness.md).
-EXAMPLE_EVALUATION = ('evaluate_command = "python prepare.py --evaluate"\n'
-                      'train_data_command = "python prepare.py --export-train"\n'
-                      'test_command = "python prepare.py --evaluate --split test"  # the private test split\n')
+EXAMPLE_EVALUATION = {"evaluate_command": "python prepare.py --evaluate",
+                      "train_data_command": "python prepare.py --export-train",
+                      "test_command": "python prepare.py --evaluate --split test"}
+
 
 def default_tag(repo: Path | None = None, prefix: str = "") -> str:
     """A new run's name: month, day and time, e.g. dec01-093512; -2, -3, ... when a run of
@@ -78,16 +79,12 @@ def example_dir() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
-def settings_text(train_command: str, protected: list[str]) -> str:
-    quoted = ", ".join(f'"{p}"' for p in protected)
-    return ("[tool.harness]\n"
-            'editable = ["train.py"]\n'
-            f"protected = [{quoted}]\n"
-            f'train_command = "{train_command}"\n'
-            'metric = "val_bpb"\n'
-            'direction = "minimize"\n'
-            "time_budget = 300\n"
-            'program = "program.md"\n')
+def settings_text(train_command: str, protected: list[str], extra: dict[str, str] | None = None) -> str:
+    """The [tool.harness] table `harness init` writes, each key's comment its help in the schema (config.py)."""
+    return "[tool.harness]\n" + toml_lines({
+        "editable": ["train.py"], "protected": protected, "train_command": train_command, "metric": "val_bpb",
+        "direction": "minimize", "time_budget": 300, "program": "program.md", **(extra or {}),
+    }) + "# every setting, its flag and default: docs/configuration.md\n"
 
 
 def init_repo(repo: Path) -> list[str]:
@@ -150,8 +147,8 @@ def init_example(dest: Path) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src / rel, target)
     (dest / "harness.toml").write_text(
-        settings_text("python train.py", ["prepare.py", "data/shakespeare.txt.xz"]).replace("[tool.harness]\n", "")
-        + EXAMPLE_EVALUATION)
+        settings_text("python train.py", ["prepare.py", "data/shakespeare.txt.xz"], EXAMPLE_EVALUATION)
+        .replace("[tool.harness]\n", ""))
     (dest / ".gitignore").write_text("__pycache__/\nresults.tsv\nruns/\n")
     git = ["git", "-c", "user.name=autoresearch-harness", "-c", "user.email=harness@localhost"]
     for argv in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"],

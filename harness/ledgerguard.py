@@ -25,6 +25,7 @@ import threading
 from pathlib import Path
 
 from . import events, faults
+from .atomic import atomic_write  # also ledgerguard.atomic_write, as before
 from .errors import LedgerError, RepoError
 
 
@@ -56,12 +57,7 @@ def _load_state(path: Path) -> dict | None:
 
 def _save_state(path: Path, data: bytes) -> None:
     """Write-and-rename, fsynced: a kill leaves the old record or the new one."""
-    tmp = state_path(path).with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps({"size": len(data), "sha256": _digest(data)}))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, state_path(path))
+    atomic_write(state_path(path), json.dumps({"size": len(data), "sha256": _digest(data)}))
 
 
 def _append(path: Path, data: bytes, fault: bool = False) -> None:
@@ -75,31 +71,6 @@ def _append(path: Path, data: bytes, fault: bool = False) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write-then-rename, the file and its folder fsynced: after a crash the old bytes or the new."""
-    path = Path(path)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _replace(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".restore")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def repair_tail(path: Path) -> bytes:
@@ -128,13 +99,13 @@ def sync(path: Path) -> bytes:
     if state is None:  # first use, or a run from before the shadow existed: adopt the ledger as it is
         data = _read(path)
         if data is not None:
-            _replace(shadow_path(path), data)
+            atomic_write(shadow_path(path), data)
             _save_state(path, data)
         return data or b""
     shadow = _read(shadow_path(path)) or b""
     if len(shadow) > state["size"]:  # a shadow write interrupted before its record: drop the extra
         shadow = shadow[: state["size"]]
-        _replace(shadow_path(path), shadow)
+        atomic_write(shadow_path(path), shadow)
     if _digest(shadow) != state["sha256"]:
         raise LedgerError(f"the harness's copy of the ledger ({shadow_path(path)}) no longer matches its "
                           f"record ({state_path(path)}), so the genuine rows cannot be told apart. Inspect "
@@ -150,7 +121,7 @@ def sync(path: Path) -> bytes:
     else:
         path.with_name(path.name + ".tampered").write_bytes(data)
         what = f"was changed ({len(data)} bytes, expected {len(shadow)}); the changed file is kept as {path.name}.tampered"
-    _replace(path, shadow)
+    atomic_write(path, shadow)
     events.record(run_dir, "ledger_restored", f"{path.name} {what} behind the harness's back; "
                   f"restored the harness's copy")
     return shadow
@@ -211,12 +182,7 @@ def _save_record(run_dir: Path, name: str, hashes: list[str | None]) -> None:
     except RepoError:  # unreadable: started again (the supervisor restores every file it holds)
         data = {}
     data[name] = hashes
-    tmp = run_dir / (RECORD + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(data))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, run_dir / RECORD)
+    atomic_write(run_dir / RECORD, json.dumps(data))
 
 
 def write_trusted(path: Path, data: bytes) -> None:
@@ -228,7 +194,7 @@ def write_trusted(path: Path, data: bytes) -> None:
     with _RECORD_LOCK:
         old = _read(path)
         _save_record(path.parent, path.name, [None if old is None else _digest(old), _digest(data)])
-        _replace(path, data)
+        atomic_write(path, data)
         _save_record(path.parent, path.name, [_digest(data)])
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import statistics
 import threading
 import time
@@ -16,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import decide, disk, events, faults, guard, ledger, pricing, prompt, rebase, seal
+from . import atomic, decide, disk, events, faults, guard, ledger, pricing, prompt, rebase, seal
 from .agents import Proposal, Researcher, Task, Usage, sandboxed
 from .agents.base import printable
 from .config import RunConfig
@@ -169,12 +168,7 @@ def journal_path(cfg: RunConfig, name: str = "inflight.json") -> Path:
 
 def write_journal(cfg: RunConfig, data: dict, name: str = "inflight.json") -> None:
     """Write-and-rename, fsynced: a kill leaves the old journal or the new one."""
-    tmp = journal_path(cfg, name).with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(data))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, journal_path(cfg, name))
+    atomic.atomic_write(journal_path(cfg, name), json.dumps(data))
 
 
 def clear_journal(cfg: RunConfig, name: str = "inflight.json") -> None:
@@ -312,8 +306,7 @@ def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str
 
 def record_tried(cfg: RunConfig, digest: str) -> None:
     """tried.txt: written once the candidate is committed and journalled (a resume rebuilds the rest)."""
-    with open(cfg.run_dir / "tried.txt", "a") as f:
-        f.write(digest + "\n")
+    atomic.append_line(cfg.run_dir / "tried.txt", digest)  # fsynced: a resume trusts it
 
 
 def commit_candidate(ctx: Context, state: RunState, cand: Candidate, trailers: str = "") -> bool:

@@ -13,13 +13,12 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from pathlib import Path
 from typing import Any
 
-from . import ledger, pricing
+from . import atomic, ledger, pricing
 from .config import RunConfig
 from .ledger import Row
 
@@ -49,13 +48,8 @@ class RunClock:
         """Write-and-rename: a kill leaves the last saved value (at most one iteration behind)."""
         if not self.path.parent.exists():
             return
-        tmp = self.path.with_name(self.path.name + ".tmp")
         try:
-            with open(tmp, "w") as f:
-                json.dump({"elapsed_s": round(self.elapsed_s(), 3)}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            atomic.atomic_write(self.path, json.dumps({"elapsed_s": round(self.elapsed_s(), 3)}))
         except OSError:
             pass  # a full disk: the clock is advisory; the ledger is what must not be lost
 

@@ -27,6 +27,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
+from . import atomic
+
 TOKEN_VAR = "HARNESS_PROC"
 RUN_VAR = "HARNESS_SUPERVISOR"
 OWNER_VAR = "HARNESS_SUPERVISOR_PID"
@@ -141,12 +143,7 @@ def kill(proc: subprocess.Popen, grace_s: float = TERM_GRACE_S) -> None:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic.atomic_write(path, json.dumps(data))
 
 
 class Supervisor:

@@ -222,7 +222,7 @@ def test_karpathy_reader_agrees_with_status_json(tmp_path: Path, monkeypatch):
     ("--confirm", "-1", "--confirm must be an integer >= 0"),
     ("--baseline-runs", "0", "--baseline-runs must be an integer >= 1"),
     ("--time-budget", "-5", "--time-budget must be a positive number"),
-    ("--max-steps", "0", "--max-steps must be a number of steps >= 1"),
+    ("--max-steps", "0", "--max-steps must be a positive number of steps"),
     ("--request-timeout", "0", "--request-timeout must be > 0"),
 ])
 def test_bad_limits_are_refused_before_anything_runs(repo: Path, flag: str, value: str, says: str):

@@ -69,7 +69,7 @@ def test_a_failed_baseline_is_fixed_in_the_checkout_then_rebaselined(tmp_path):
 def test_bad_flags_are_named_as_flags(tmp_path):
     repo = make_repo(tmp_path / "r")
     steps = harness("run", "--repo", repo, "--tag", "z", "--agent", "mutate", "--max-steps", 0)
-    assert steps.exit_code != 0 and "--max-steps must be a number of steps >= 1, got 0" in steps.output
+    assert steps.exit_code != 0 and "--max-steps must be a positive number of steps, got 0" in steps.output
     assert "config key" not in steps.output
     repeats = harness("ab", "--repo", repo, "--model-a", "a", "--model-b", "b", "--repeats", 0)
     assert repeats.exit_code == 2 and "--repeats" in repeats.output and "x>=1" in repeats.output

@@ -174,7 +174,7 @@ def test_test_command_and_test_every_are_checked_like_the_other_keys(tmp_path: P
         resolve(repo, "t", {})
     repo2 = make_repo(tmp_path / "r2")
     out = harness(["run", "--repo", repo2, "--test-every", "-1", "--iterations", "1"])
-    assert out.exit_code != 0 and "--test-every must be a non-negative integer" in out.output
+    assert out.exit_code != 0 and "--test-every must be an integer >= 0" in out.output
 
 
 # ---------------------------------------------------------------------------

@@ -23,10 +23,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from .. import atomic
 from .base import KEY_VARS, Task, Usage, json_object, last_line
 from .cli import CLIOutput, CLIResearcher
 
@@ -172,9 +172,7 @@ class GeminiResearcher(CLIResearcher):
         security = base.get("security") if isinstance(base.get("security"), dict) else {}
         auth = security.get("auth") if isinstance(security.get("auth"), dict) else {}
         base["security"] = {**security, "auth": {**auth, "selectedType": API_KEY_AUTH}}
-        with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp") as f:
-            json.dump(base, f, indent=2)
-        os.replace(f.name, folder / "settings.json")
+        atomic.atomic_write(folder / "settings.json", json.dumps(base, indent=2))
         return home
 
     def command(self, task: Task) -> list[str]:

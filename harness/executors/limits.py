@@ -29,6 +29,8 @@ import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .. import atomic
+
 MB = 1 << 20  # bytes
 MEMORY_FRACTION = 0.5  # of MemTotal, per job: a runaway job leaves the machine (and its supervisor) alive
 DEFAULT_PIDS = 4096  # processes and threads per job: data-loader workers and their threads use hundreds
@@ -432,9 +434,7 @@ def calibrate_eval(where: Path, commit: str, eval_s: float) -> None:
     with _EVAL_LOCK:
         times = read_eval_times(where, commit) + [round(eval_s, 3)]
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"commit": commit, "eval_s": times}) + "\n")
-        os.replace(tmp, path)
+        atomic.atomic_write(path, json.dumps({"commit": commit, "eval_s": times}) + "\n")
 
 
 def eval_deadline(setting_s: float | None, where: Path, commit: str, at_base: bool) -> tuple[float, str]:

@@ -22,7 +22,6 @@ a killed supervisor) stops what those tasks left running on every node before it
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import uuid
@@ -31,7 +30,7 @@ from typing import Any
 
 import git
 
-from .. import events, trust
+from .. import atomic, events, trust
 from ..errors import ClusterError
 from ..runner import TrainResult
 from . import ray_worker
@@ -320,9 +319,7 @@ class RayExecutor(ThreadedExecutor):
     def _write_record(self, record: dict[str, Any]) -> None:
         self.tasks_dir.mkdir(parents=True, exist_ok=True)
         path = self.tasks_dir / f"{record['token']}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, path)
+        atomic.atomic_write(path, json.dumps(record))
 
     def _reap(self, record: dict[str, Any]) -> None:
         """What a killed task left on its node (the job's process group): stopped there, if the node lives."""
