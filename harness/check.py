@@ -15,13 +15,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-import git
-
 from . import driver, pricing, prompt, supervise
 from .agents import KEY_VARS, Proposal, Task, make_researcher, sandboxed
 from .config import RunConfig
 from .errors import HarnessError
 from .executors import sandbox
+from . import gitgate
 from .gitgate import GitGate
 from .executors import train_once
 from .runner import tail
@@ -127,7 +126,7 @@ def run_check(cfg: RunConfig, hours: float, progress: Callable[[str], None] | No
         held = contextlib.ExitStack()
         try:
             held.enter_context(supervise.active(scratch))
-            gate.repo.git.worktree("add", "--detach", str(worktree), base)
+            gate.add_detached(worktree, base)
             text = prompt.render(program_text(cfg, gate, base), metric=cfg.metric, direction=cfg.direction,
                                  best=None, rows=[], history_rows=cfg.history_rows, last_failure="",
                                  editable=cfg.editable)
@@ -136,25 +135,24 @@ def run_check(cfg: RunConfig, hours: float, progress: Callable[[str], None] | No
             proposal = researcher.propose(task)
             if proposal.error:
                 raise CheckError(explain(proposal, researcher, cfg))
-            changed = [c[3:] for c in git.Repo(worktree).git.status("--porcelain").splitlines()]
+            changed = [c[3:] for c in gate.status(worktree)]
             report = researcher_report(cfg, researcher, proposal, changed, hours)
             if progress is not None:
                 progress(render_researcher(report))
-            gate.repo.git.execute(["git", "-C", str(worktree), "reset", "-q", "--hard", base])
-            gate.repo.git.execute(["git", "-C", str(worktree), "clean", "-q", "-fd"])
+            gate.reset_clean(worktree, base)
             deadline_s = check_deadline(night_kill_after)
             result = train_once(replace(cfg, kill_after=deadline_s), worktree, scratch / "train.log", cfg.seed)
             if result.status != "ok":
                 raise CheckError(f"the baseline training run failed ({result.status}: {result.reason}; the check "
                                  f"gives it {deadline_s:g}s, {CHECK_DEADLINE_FACTOR:g}x the night's --kill-after "
                                  f"{night_kill_after:g}s). Its log ends:\n{tail(scratch / 'train.log', 1500)}")
-        except git.GitCommandError as e:
+        except (gitgate.GitCommandError, gitgate.GitFailed) as e:
             raise CheckError(f"could not make a throwaway worktree of {cfg.repo}: {e}") from None
         finally:
             driver.quiet(seen)  # a second signal must not cut the clean-up short
             held.close()  # nothing the check started outlives it
-            with contextlib.suppress(git.GitCommandError):
-                gate.repo.git.worktree("remove", "--force", str(worktree))
+            with contextlib.suppress(gitgate.GitCommandError, gitgate.GitFailed):
+                gate.remove_worktree(worktree)
             shutil.rmtree(scratch, ignore_errors=True)
             gate.prune()
     return replace(report, train_s=result.train_s, value=result.value(cfg.metric), kill_after=night_kill_after)

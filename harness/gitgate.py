@@ -6,15 +6,16 @@ Only commits the harness made are ever reset.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import git
+from git import GitCommandError  # noqa: F401 - the error of a failed git command, for the modules that ask gitgate
 
 from .errors import RepoError
+from .gitrun import GitFailed, GitTimeout, harness_env, run_git, settings, timeout_s  # noqa: F401 - re-exported
 
 HARNESS_NAME = "autoresearch-harness"
 HARNESS_EMAIL = "harness@localhost"
@@ -48,22 +49,75 @@ def content_hash(root: Path, paths: tuple[str, ...]) -> str:
     return h.hexdigest()
 
 
-# Settings of the user's that must not run on the harness's own commits: a signing prompt (pinentry)
-# would hang the night, a failing gpg abort it, a pre-commit hook refuse a candidate or rewrite it.
-# core.hooksPath at /dev/null: git finds no hook there. Everything else of the user's config holds.
-HARNESS_GIT_CONFIG = (("commit.gpgsign", "false"), ("tag.gpgsign", "false"), ("core.hooksPath", os.devnull))
+# Settings of the user's that must not run on the harness's own commits (gitrun.settings: commit.gpgsign,
+# tag.gpgsign off, core.hooksPath an empty folder of the harness's), put over the user's config through
+# the environment of every Repo's git; the rest of the user's config holds. Every command has a deadline.
+
+
+class _TimedGit(git.Git):
+    """GitPython's command wrapper with a deadline on every command (kill_after_timeout, the
+    process and its children killed) and a GitTimeout, not a GitCommandError, for a hung git."""
+
+    def execute(self, command, **kw):  # type: ignore[override]
+        if kw.get("as_process"):  # a stream the caller reads (none of the harness's verbs)
+            return super().execute(command, **kw)
+        limit = kw.pop("kill_after_timeout", None) or timeout_s()
+        try:
+            out = super().execute(command, kill_after_timeout=limit, **kw)
+        except git.GitCommandError as e:
+            if _killed(e.status, e.stderr):
+                raise GitTimeout(command, limit, self._working_dir) from None
+            raise
+        if kw.get("with_extended_output") and isinstance(out, tuple) and _killed(out[0], out[2]):
+            raise GitTimeout(command, limit, self._working_dir)
+        return out
+
+
+def _killed(status, stderr) -> bool:
+    text = stderr.decode(errors="replace") if isinstance(stderr, bytes) else str(stderr or "")
+    return "did not complete in" in text and (not isinstance(status, int) or status != 0)
+
+
+class _Repo(git.Repo):
+    GitCommandWrapperType = _TimedGit
+
+
+Repo = git.Repo  # the type open_repo returns, for the modules' annotations
 
 
 def open_repo(path: Path, **kw) -> git.Repo:
-    """A GitPython Repo whose git commands run with HARNESS_GIT_CONFIG over the user's settings
-    (GIT_CONFIG_COUNT/KEY_n/VALUE_n, which git reads after every config file)."""
-    repo = git.Repo(path, **kw)
-    base = int(os.environ.get("GIT_CONFIG_COUNT", "0") or 0)
-    env = {"GIT_CONFIG_COUNT": str(base + len(HARNESS_GIT_CONFIG))}
-    for i, (key, value) in enumerate(HARNESS_GIT_CONFIG, start=base):
-        env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, value
-    repo.git.update_environment(**env)
+    """A GitPython Repo whose git commands run with the harness's settings over the user's
+    (gitrun.harness_env) and under a deadline (_TimedGit). The harness reads objects through git
+    commands (ls-tree, cat-file), never GitPython's persistent cat-file processes, which have none."""
+    repo = _Repo(path, **kw)
+    repo.git.update_environment(**harness_env())
     return repo
+
+
+def tree_blobs(repo: git.Repo, commit: str, paths: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(path, blob sha) of every file under paths (files or folders) as committed at commit; a
+    symlink's entry is its blob, a submodule none. Raises GitCommandError for a commit git lacks."""
+    if not paths:
+        return []
+    out = repo.git.ls_tree("-r", "-z", "--full-tree", commit, "--", *paths)
+    blobs = []
+    for entry in out.split("\0"):
+        if not entry:
+            continue
+        meta, _, name = entry.partition("\t")
+        parts = meta.split()
+        if len(parts) == 3 and parts[1] == "blob":
+            blobs.append((name, parts[2]))
+    return blobs
+
+
+def blob_bytes(repo: git.Repo, sha: str) -> bytes:
+    return repo.git.cat_file("blob", sha, stdout_as_string=False, strip_newline_in_stdout=False)
+
+
+def blob_sha256(repo: git.Repo, commit: str, paths: tuple[str, ...]) -> dict[str, str]:
+    """sha256 of every file under paths as committed at commit (git's objects, not a worktree)."""
+    return {name: hashlib.sha256(blob_bytes(repo, sha)).hexdigest() for name, sha in tree_blobs(repo, commit, paths)}
 
 
 class GitGate:
@@ -98,6 +152,14 @@ class GitGate:
         except git.GitCommandError:
             return False
 
+    def show(self, rev: str, path: str) -> str:
+        """The text of path as committed at rev."""
+        return self.repo.git.show(f"{rev}:{path}")
+
+    def status(self, path: Path) -> list[str]:
+        """`git status --porcelain` of the checkout at path (a throwaway worktree's), one line per entry."""
+        return run_git(["status", "--porcelain"], cwd=path).stdout.splitlines()
+
     def branch_exists(self, branch: str) -> bool:
         return any(h.name == branch for h in self.repo.heads)
 
@@ -128,6 +190,15 @@ class GitGate:
         if not (path / ".git").exists():
             self.repo.git.worktree("add", "--force", str(path), branch)
         Worktree.leave_out_of(path, leave_out)
+
+    def add_detached(self, path: Path, rev: str) -> None:
+        """A plain detached worktree at rev (a throwaway one: `harness check`'s)."""
+        self.repo.git.worktree("add", "--detach", str(path), rev)
+
+    def reset_clean(self, path: Path, rev: str) -> None:
+        """The checkout at path back to rev: tracked files reset, untracked ones removed (not ignored ones)."""
+        run_git(["reset", "-q", "--hard", rev], cwd=path)
+        run_git(["clean", "-q", "-fd"], cwd=path)
 
     def prune(self) -> None:
         self.repo.git.worktree("prune")
@@ -215,14 +286,11 @@ class Worktree:
     def committed_sha256(self, commit: str, path: str) -> str | None:
         """sha256 of the file path as committed at commit (from git's objects, not the worktree, which
         may leave it out); None where it is no file there (absent, or a folder: as sha256_file says)."""
-        try:
-            item = self.repo.commit(commit).tree / path
-        except KeyError:
-            return None
-        return hashlib.sha256(item.data_stream.read()).hexdigest() if item.type == "blob" else None
+        data = self.file_at(commit, path)
+        return None if data is None else hashlib.sha256(data).hexdigest()
 
     def head(self) -> str:
-        return self.repo.head.commit.hexsha
+        return self.repo.git.rev_parse("--verify", "HEAD")
 
     def resolve(self, rev: str) -> str:
         return self.repo.git.rev_parse("--verify", f"{rev}^{{commit}}")
@@ -293,26 +361,18 @@ class Worktree:
         return self.repo.git.show(f"{commit}:{path}")
 
     def file_at(self, commit: str, path: str) -> bytes | None:
-        """The exact bytes of path at commit, or None where it does not exist."""
-        try:
-            return (self.repo.commit(commit).tree / path).data_stream.read()
-        except KeyError:
-            return None
+        """The exact bytes of the file path at commit, or None where it is no file there."""
+        found = [sha for name, sha in tree_blobs(self.repo, commit, (path,)) if name == path.strip("/")]
+        return blob_bytes(self.repo, found[0]) if found else None
 
     def export(self, commit: str, paths: tuple[str, ...], dest: Path) -> list[str]:
         """Write paths (files or folders) as committed at commit under dest; the files written."""
-        tree, written = self.repo.commit(commit).tree, []
-        for path in paths:
-            try:
-                item = tree / path
-            except KeyError:
-                continue  # not in that commit
-            blobs = [item] if item.type == "blob" else [b for b in item.traverse() if b.type == "blob"]
-            for blob in blobs:
-                target = Path(dest) / blob.path
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(blob.data_stream.read())
-                written.append(blob.path)
+        written = []
+        for name, sha in tree_blobs(self.repo, commit, paths):
+            target = Path(dest) / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(blob_bytes(self.repo, sha))
+            written.append(name)
         return written
 
     def merge_file(self, ours: Path, base: Path, theirs: Path) -> int:

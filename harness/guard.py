@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import subprocess
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import events
-from .gitgate import Worktree
+from .gitgate import Worktree, run_git
 from .runner import TrainResult
 
-GIT_TIMEOUT_S = 60
 OTHER_RUNS = "refs/heads/autoresearch/"  # other runs' and A/B arms' branches move on their own
 TRIED_REFS = "refs/autoresearch/"  # the harness's refs of evaluated candidates (other lanes add theirs)
 WATCHED_FILES = ("config", "config.worktree", "info/exclude", "info/attributes", "info/sparse-checkout",
@@ -30,7 +28,7 @@ WATCHED_FILES = ("config", "config.worktree", "info/exclude", "info/attributes",
 
 
 def _git(cwd: Path, *args: str, check: bool = True) -> str:
-    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=GIT_TIMEOUT_S)
+    out = run_git(args, cwd, check=False)
     if check and out.returncode != 0:
         raise RuntimeError(f"git {' '.join(args)} failed: {out.stderr.strip()}")
     return out.stdout
@@ -193,8 +191,7 @@ def restore(wt: Worktree, branch: str, parent: str, snap: Snapshot) -> list[str]
 
 
 def _committed(worktree: Path, path: str) -> bytes | None:
-    out = subprocess.run(["git", "cat-file", "blob", f"HEAD:{path}"], cwd=worktree, capture_output=True,
-                         timeout=GIT_TIMEOUT_S)
+    out = run_git(["cat-file", "blob", f"HEAD:{path}"], worktree, check=False, text=False)
     return out.stdout if out.returncode == 0 else None
 
 

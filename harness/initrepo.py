@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
 from .config import read_repo_settings, toml_lines
 from .errors import RepoError
-from .gitgate import GitGate
+from .gitgate import GitGate, run_git
 
 # Words of a program written for an agent that drives the loop itself (karpathy/autoresearch's
 # program.md): under the harness the agent must not train, commit, reset or write the ledger.
@@ -150,8 +149,7 @@ def init_example(dest: Path) -> Path:
         settings_text("python train.py", ["prepare.py", "data/shakespeare.txt.xz"], EXAMPLE_EVALUATION)
         .replace("[tool.harness]\n", ""))
     (dest / ".gitignore").write_text("__pycache__/\nresults.tsv\nruns/\n")
-    git = ["git", "-c", "user.name=autoresearch-harness", "-c", "user.email=harness@localhost"]
-    for argv in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"],
-                 [*git, "commit", "-q", "-m", "bundled workload"]):
-        subprocess.run(argv, cwd=dest, check=True, capture_output=True, timeout=60)
+    ident = ["-c", "user.name=autoresearch-harness", "-c", "user.email=harness@localhost"]
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], [*ident, "commit", "-q", "-m", "bundled workload"]):
+        run_git(args, dest)  # no signing, no hooks (gitrun.settings)
     return dest

@@ -17,6 +17,7 @@ from typing import Any
 from .executors import sandbox
 from . import decide, events, figures, ledger, spend
 from .errors import HarnessError
+from .gitrun import run_git
 from .report_diff import changed_names
 from . import repeats, report_verdict, testsplit
 
@@ -67,8 +68,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _git_toplevel(path: Path) -> Path | None:
     try:
-        out = subprocess.run(["git", "-C", str(path), "rev-parse", "--show-toplevel"],
-                             capture_output=True, text=True, timeout=GIT_TIMEOUT_S)
+        out = run_git(["-C", str(path), "rev-parse", "--show-toplevel"], timeout=GIT_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return Path(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None

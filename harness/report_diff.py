@@ -10,6 +10,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from .gitrun import run_git
+
 HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
 CONST_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
 DEF_RE = re.compile(r"\b(?:def|class)\s+([A-Za-z_]\w*)")
@@ -18,8 +20,7 @@ GIT_TIMEOUT_S = 30
 
 def _git(cwd: Path, *args: str) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True,
-                             timeout=GIT_TIMEOUT_S)
+        out = run_git(["-C", str(cwd), *args], timeout=GIT_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout if out.returncode == 0 else None

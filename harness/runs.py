@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import git
 
 from . import __version__, decide, events, figures, ledger, ledgerguard, pricing, seal, trainenv, trust
 from .agents import Researcher, make_researcher, routing_mismatch
@@ -25,7 +24,7 @@ from .config import RunConfig, compare_resume, refusal_message
 from .errors import RepoError
 from .agents import sandboxed
 from .executors import budget, sandbox, uvenv
-from .gitgate import GitGate, Worktree, data_files
+from .gitgate import GitCommandError, GitGate, Worktree, data_files
 from .ledger import Row
 from .runner import TrainResult, tail
 from .step import (INTERRUPTED, Candidate, Context, RunState, conflict_row, memory_gb,
@@ -90,7 +89,7 @@ def program_text(cfg: RunConfig, gate: GitGate, base: str) -> str:
     path = gate.root / cfg.program
     if path.exists():
         return path.read_text()
-    return gate.repo.git.show(f"{base}:{cfg.program}")
+    return gate.show(base, cfg.program)
 
 
 def device_name() -> str:
@@ -302,7 +301,7 @@ def existing_commit(ctx: Context, commit: str) -> str:
     (an index.lock, too many open files) is raised: the candidate waits for the next --resume."""
     try:
         return ctx.wt.resolve(commit)
-    except git.GitCommandError as e:
+    except GitCommandError as e:
         text = f"{e.stderr or ''} {e.stdout or ''}".lower()
         if any(m in text for m in ("needed a single revision", "unknown revision", "bad revision",
                                    "not a valid object", "bad object")):

@@ -21,16 +21,14 @@ yet reset): reconcile resets the branch to the best, so they are never trusted e
 """
 from __future__ import annotations
 
-import hashlib
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import git
-
-from . import events, ledgerguard
+from . import events, gitgate, ledgerguard
 from .errors import RepoError
+from .gitgate import Repo
 from .runner import TrainResult
 
 
@@ -88,20 +86,12 @@ class Baseline:
                 "baseline_cpu_s": None if own else self.baseline_cpu_s}
 
 
-def protected_sha256(repo: git.Repo, commit: str, protected: tuple[str, ...]) -> dict[str, str]:
+def protected_sha256(repo: Repo, commit: str, protected: tuple[str, ...]) -> dict[str, str]:
     """sha256 of every file under the protected paths as committed at commit (git's objects)."""
-    tree, out = repo.commit(commit).tree, {}
-    for path in protected:
-        try:
-            item = tree / path
-        except KeyError:
-            continue
-        for blob in [item] if item.type == "blob" else [b for b in item.traverse() if b.type == "blob"]:
-            out[blob.path] = hashlib.sha256(blob.data_stream.read()).hexdigest()
-    return out
+    return gitgate.blob_sha256(repo, commit, protected)
 
 
-def baseline_problem(repo: git.Repo, baseline: str, head: str, recorded: dict[str, str],
+def baseline_problem(repo: Repo, baseline: str, head: str, recorded: dict[str, str],
                      protected: tuple[str, ...], what: str = "") -> str | None:
     """Why baseline cannot be the evaluation's (None: it can): it must be an ancestor of head (the
     job's commit, or what names it), and its protected files must hash to those recorded at the
@@ -111,7 +101,7 @@ def baseline_problem(repo: git.Repo, baseline: str, head: str, recorded: dict[st
         if not repo.is_ancestor(baseline, head):
             return f"the baseline commit {baseline[:12]} is not an ancestor of {what}"
         have = protected_sha256(repo, baseline, protected)
-    except (git.GitCommandError, git.BadName, git.BadObject, ValueError) as e:
+    except (gitgate.GitCommandError, ValueError) as e:
         return f"the baseline commit {baseline[:12]} cannot be read ({str(e).strip()[:200]})"
     changed = sorted(p for p in {*have, *recorded} if have.get(p) != recorded.get(p))
     if changed:

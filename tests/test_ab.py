@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from pathlib import Path
 
 import pytest
@@ -140,20 +139,43 @@ def test_sequential_runs_a_then_b_and_says_when_scaffolds_differ(repo: Path):
     assert summary["arms"][0]["cost_usd"] == pytest.approx(0.03)
 
 
+# Each job marks itself running (a file per job, removed as it ends) and, until two jobs have met,
+# waits a while for a job on another GPU to be running too: a job that sees one proves the arms'
+# training overlapped (not how much work fitted in a time). Run one after the other, none would.
+RENDEZVOUS = """import pathlib
+gpu = os.environ.get('CUDA_VISIBLE_DEVICES')
+print('gpu', gpu)
+rv = pathlib.Path({folder!r})
+mine = rv / f'running-{{gpu}}-{{os.getpid()}}'
+mine.touch()
+waited = time.monotonic() + 10
+while not (rv / 'met').exists() and time.monotonic() < waited:
+    others = [p.name for p in rv.glob('running-*') if not p.name.startswith(f'running-{{gpu}}-')]
+    if others:
+        (rv / 'met').write_text(f'{{mine.name}} saw {{others[0]}}')
+        break
+    time.sleep(0.05)
+time.sleep(SLEEP_S)
+mine.unlink()
+"""
+
+
 def test_parallel_gives_each_arm_its_own_gpu(tmp_path: Path):
-    source = FAKE_TRAIN.replace("time.sleep(SLEEP_S)", "print('gpu', os.environ.get('CUDA_VISIBLE_DEVICES'))\n"
-                                "time.sleep(SLEEP_S)").replace("SLEEP_S = 0.0", "SLEEP_S = 0.3")
+    folder = tmp_path / "rendezvous"
+    folder.mkdir()
+    source = FAKE_TRAIN.replace("time.sleep(SLEEP_S)", RENDEZVOUS.format(folder=str(folder)), 1)
     repo = make_repo(tmp_path / "research", train_source=source)
     order: list[str] = []
-    start = time.monotonic()
     ab.run_ab(repo, "par", {"a": (None, None), "b": (None, None)}, gpus="0,1", overrides={"iterations": 3},
               researchers={"a": researcher(GOOD, order, "a"), "b": researcher(BAD, order, "b")},
               write_report=False)
-    elapsed = time.monotonic() - start
     run_dir = repo / "runs" / "par"
-    # The arms ran at the same time: the whole took clearly less than the two arms' wall times.
-    walls = sum(r["wall_s"] for arm in "ab" for r in primary(ledger.read_rows(run_dir / arm / "results.tsv")))
-    assert elapsed < 0.85 * walls
+    # The arms ran at the same time: a job of one arm saw a job of the other running on its GPU.
+    met = (folder / "met").read_text() if (folder / "met").exists() else ""
+    assert met.startswith("running-") and " saw running-" in met, "the arms' jobs never ran at the same time"
+    mine, other = (part.split("-")[1] for part in met.split(" saw "))
+    assert {mine, other} == {"0", "1"}, met
+    assert not list(folder.glob("running-*"))  # every job ended
     assert json.loads((run_dir / "ab.json").read_text())["schedule"] == "parallel"
     assert sorted(order) == ["a"] * 3 + ["b"] * 3
     for arm, gpu in (("a", "0"), ("b", "1")):

@@ -85,14 +85,16 @@ def test_every_status_and_git_invariants(repo: Path):
     # The user's checkout is untouched.
     assert git(repo, "status", "--porcelain") == ""
     assert "VALUE = 1.0" in (repo / "train.py").read_text()
-    # Reasons are on the ledger, and the timeout was killed near kill_after.
+    # Reasons are on the ledger, and the timeout was killed at kill_after.
     by_iter = {r["iteration"]: r for r in rows}
     assert "outside the editable set: notes.txt" in by_iter[6]["description"]
     assert "no change" in by_iter[7]["description"]
     assert "syntax error" in by_iter[8]["description"] and by_iter[8]["train_s"] is None
     assert "protected file" in by_iter[11]["description"] or "prepare.py" in by_iter[11]["description"]
     assert "researcher bug" in by_iter[12]["description"]
-    assert 3 <= by_iter[5]["train_s"] < 12
+    # the hang was killed by the deadline (its reason), not before it; the upper bound is only a wide margin
+    assert "kill_after" in by_iter[5]["description"], by_iter[5]["description"]
+    assert 3 <= by_iter[5]["train_s"] < 3 + 60
     assert by_iter[1]["delta"] == pytest.approx(-0.1) and by_iter[1]["memory_gb"] == pytest.approx(2.0)
     assert (cfg.run_dir / by_iter[3]["log"]).read_text().count("CUDA out of memory") >= 1
     # The last failing log reaches the next prompt.

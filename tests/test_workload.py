@@ -8,6 +8,7 @@ import http.server
 import io
 import json
 import lzma
+import math
 import os
 import random
 import re
@@ -77,16 +78,14 @@ def test_time_budget_run_reports_a_full_block(work):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     figures = block(proc.stdout)
     assert set(figures) == BLOCK_KEYS
-    # It learned something (a uniform guess is 8 bits per byte). How much depends on the steps
-    # the CPU managed in 10 s: about 3.6 on an idle 2-core machine, less far when it is loaded.
-    assert float(figures["val_bpb"]) < 8.0 and int(figures["num_steps"]) > 0
-    # It stops before the step that would cross the budget (from its mean step time), so it ends
-    # near the budget, over it by at most the last step. Wide bounds: on a busy machine one step
-    # can take seconds (a neighbour's burst once made it 13.5 s of a 10 s budget).
-    assert budget * 0.5 <= float(figures["training_seconds"]) < budget * 2
-    # Imports, warm-up and the evaluation come on top, and a loaded machine stretches them (40 s
-    # once); a run that ignored this budget would train for the default 300 s.
-    assert wall_s < 2 * budget + 120
+    value, steps, trained = float(figures["val_bpb"]), int(figures["num_steps"]), float(figures["training_seconds"])
+    assert math.isfinite(value) and value > 0 and steps >= 1  # how far it learned depends on the machine: not judged
+    # It stopped because the next step, at its mean step time, would have crossed the budget (not
+    # after a number of steps): the block's own figures say so, however fast the machine is.
+    assert trained + trained / steps > budget, figures
+    # A run that ignored this budget would train for the default 300 s; imports, warm-up and the
+    # evaluation come on top of the 10 s (a loaded machine once made them 40 s): a wide margin.
+    assert trained < 300 and wall_s < 300
 
 
 def test_diverging_learning_rate_prints_fail(work):

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from ..errors import ClusterError, ConfigError
+from ..gitrun import run_git
 
 CONNECT_TIMEOUT_S = 10.0  # s to reach the cluster's address before ray.init is tried
 GIT_TIMEOUT_S = 60
@@ -74,10 +74,8 @@ def fits(total: dict[str, float], resources: dict[str, float]) -> int:
 
 def archive(repo: Path, commit: str, paths: tuple[str, ...]) -> bytes:
     """A tar of the commit's files among paths (the editable and protected ones)."""
-    listed = subprocess.run(["git", "ls-tree", "-r", "-z", "--name-only", commit, "--", *paths], cwd=repo,
-                            capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=True).stdout.split("\0")
+    listed = run_git(["ls-tree", "-r", "-z", "--name-only", commit, "--", *paths], repo, timeout=GIT_TIMEOUT_S).stdout.split("\0")
     listed = [p for p in listed if p]
     if not listed:
         raise ClusterError(f"commit {commit[:12]} has none of the files {', '.join(paths)}: nothing to train")
-    return subprocess.run(["git", "archive", "--format=tar", commit, "--", *listed], cwd=repo,
-                          capture_output=True, timeout=GIT_TIMEOUT_S, check=True).stdout
+    return run_git(["archive", "--format=tar", commit, "--", *listed], repo, timeout=GIT_TIMEOUT_S, text=False).stdout

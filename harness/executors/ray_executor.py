@@ -28,9 +28,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import git
-
 from .. import atomic, events, trust
+from ..gitgate import open_repo
 from ..errors import ClusterError
 from ..runner import TrainResult
 from . import ray_worker
@@ -184,7 +183,7 @@ class RayExecutor(ThreadedExecutor):
         an `invalid` TrainResult when the job's baseline is not the run's."""
         if not job.baseline:
             return None
-        repo = git.Repo(self.repo)  # not a Worktree: that would clear the user's index.lock
+        repo = open_repo(self.repo)  # not a Worktree: that would clear the user's index.lock
         try:
             problem = trust.baseline_problem(repo, job.baseline, job.commit, job.protected_sha256, job.cfg.protected)
         finally:

@@ -36,6 +36,7 @@ from typing import Any, Generator, Iterator
 from .. import supervise
 from ..events import NAME as EVENTS
 from ..config import RunConfig
+from ..gitgate import run_git
 from ..runner import TrainResult, training_env
 from .local import train_once
 
@@ -73,9 +74,8 @@ def _extract(archive: bytes, tree: Path) -> dict[str, bytes]:
 
 def _commit(tree: Path, message: str) -> str:
     for args in (["add", "-A"], [*IDENT, "commit", "-q", "--allow-empty", "-m", message]):
-        subprocess.run(["git", *args], cwd=tree, check=True, capture_output=True, timeout=GIT_TIMEOUT_S)
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=tree, check=True, capture_output=True, text=True,
-                          timeout=GIT_TIMEOUT_S).stdout.strip()
+        run_git(args, tree, timeout=GIT_TIMEOUT_S)
+    return run_git(["rev-parse", "HEAD"], tree, timeout=GIT_TIMEOUT_S).stdout.strip()
 
 
 def unpack(archive: bytes, tree: Path, baseline: bytes | None = None) -> tuple[dict[str, bytes], str]:
@@ -83,7 +83,7 @@ def unpack(archive: bytes, tree: Path, baseline: bytes | None = None) -> tuple[d
     the local commit of the baseline's protected files ("" without baseline), committed first, so
     the evaluation runs from the baseline's files as it does locally, not from the candidate's."""
     tree.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["git", "init", "-q"], cwd=tree, check=True, capture_output=True, timeout=GIT_TIMEOUT_S)
+    run_git(["init", "-q"], tree, timeout=GIT_TIMEOUT_S)
     base = ""
     if baseline is not None:
         _extract(baseline, tree)

@@ -1,7 +1,6 @@
 """Trainers and researchers that misbehave: each fault injected for real, the night goes on."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from harness import driver
@@ -26,17 +25,18 @@ def test_trainers_that_hang_stall_crash_nan_or_leave_a_stubborn_child(repo: Path
     script = [{"MODE": "hang"}, lambda task: _write(task, chatty, "busy forever"), {"MODE": "stubborn_child"},
               {"MODE": "crash"}, {"MODE": "nan"}, {"VALUE": 0.9}]
     cfg = config(repo, kill_after=4, stall_after_min=0.02, iterations=len(script), on_unhealthy="continue")
-    t0 = time.monotonic()
     driver.run(cfg, researcher=ScriptedResearcher(script))
     rows = assert_recovered(repo, "w", len(script))
     assert [r["status"] for r in rows] == ["keep", "timeout", "timeout", "timeout", "crash", "crash", "keep"]
-    assert "stall" in rows[1]["description"] and rows[1]["train_s"] < 4  # silent: killed long before kill_after
-    assert "kill_after" in rows[2]["description"] and 4 <= rows[2]["train_s"] < 12  # busy, but too long
+    # silent: killed as stalled, before kill_after (the reason says which watchdog fired, whatever the load)
+    assert "stall" in rows[1]["description"] and "kill_after" not in rows[1]["description"]
+    # busy, but too long: not a stall, killed at the deadline, not before it (the upper bound only a wide margin)
+    assert "kill_after" in rows[2]["description"] and "stall" not in rows[2]["description"]
+    assert 4 <= rows[2]["train_s"] < 4 + 60
     assert "stall" in rows[3]["description"]
     assert "CUDA out of memory" in rows[4]["description"] and "not a finite number" in rows[5]["description"]
     child = int(pid_file.read_text())
     assert not alive(child), "the grandchild that ignored SIGTERM survived"
-    assert time.monotonic() - t0 < 60
 
 
 def _write(task, source, description):
