@@ -383,7 +383,9 @@ def test_two_runs_without_a_tag_the_same_day(repo: Path):
 
 
 def test_status_beside_a_live_run_shows_the_candidate_in_flight(tmp_path: Path):
-    repo = make_repo(tmp_path / "r", train_source=FAKE_TRAIN.replace("SLEEP_S = 0.0", "SLEEP_S = 2.0"))
+    # the job trains long enough for two `harness status` start-ups on a loaded machine (CI: one
+    # status call took longer than a 2 s job), and no longer than its 30 s budget
+    repo = make_repo(tmp_path / "r", train_source=FAKE_TRAIN.replace("SLEEP_S = 0.0", "SLEEP_S = 15.0"))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([PY, "-m", "harness", "run", "--repo", str(repo), "--tag", "lv", "--agent", "mutate",
                              "--iterations", "1", "--baseline-runs", "1", "--time-budget", "30"],
