@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator
 
 from . import decide, disk, events, faults, health, ledger, pricing, recovery, runs, stops, supervise, testsplit
 from .agents.base import printable
-from .errors import HarnessError
+from .errors import ClusterGone, HarnessError
 from .config import RunConfig
 from .executors import Executor, make_executor
 from .gitgate import GitGate, data_files
@@ -865,6 +865,11 @@ def run_all(folder: Path, repo: Path, runs_: list[RunDriver], gpus: tuple[str, .
             except BaseException as e:
                 quiet(seen)
                 stop(runs_, executor)  # an error in one run stops every lane and job, then is raised
+                if isinstance(e, ClusterGone):  # the cluster went away: worktrees at the best, journals kept
+                    for r in runs_:
+                        with contextlib.suppress(Exception):
+                            r.tidy("the Ray cluster went away")
+                    raise
                 if isinstance(e, disk.DiskFull) or (disk.caused(e) and not isinstance(e, HarnessError)):
                     for r in runs_:
                         with contextlib.suppress(Exception):  # the clean-up may need the disk too

@@ -27,3 +27,8 @@ class TrackError(HarnessError):
 
 class ClusterError(HarnessError):
     """The training cluster (--executor ray) cannot be reached or cannot run a job."""
+
+
+class ClusterGone(ClusterError):
+    """The Ray cluster went away mid-run (its head stopped answering): the run stops with the
+    candidates in flight kept (journals) for `--resume` once a cluster is back."""

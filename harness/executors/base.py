@@ -9,7 +9,8 @@ KeyboardInterrupt, as an interrupted training does.
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Future
+import time
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -64,6 +65,49 @@ class JobFuture(Future):
     def cancel(self) -> bool:
         self.job.cancel.set()
         return super().cancel()
+
+
+def begin(future: Future) -> bool:
+    """Mark a job's future running; False when it was cancelled, or settled already (base.settle)."""
+    try:
+        return future.set_running_or_notify_cancel()
+    except RuntimeError:
+        return False
+
+
+def settle(future: Future, result: TrainResult | None = None, exc: BaseException | None = None) -> bool:
+    """Give future its result or error unless it has one already (the Ray executor settles a job's
+    future itself when the cluster goes away; its thread's later finding is dropped). True if set."""
+    try:
+        if future.set_running_or_notify_cancel() is False:
+            return False
+    except RuntimeError:  # already running (this thread's), or finished (settled by someone else)
+        pass
+    try:
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+        return True
+    except InvalidStateError:
+        return False
+
+
+def join_bounded(threads: list[threading.Thread], timeout_s: float, folder: Path, what: str) -> list[str]:
+    """Join threads for timeout_s in all; one still running is reported (an event `hung_thread` in
+    folder's events.log) and left, never waited on forever (daemon threads: they do not hold the exit)."""
+    deadline = time.monotonic() + timeout_s
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    hung = [t.name for t in threads if t.is_alive()]
+    if hung:
+        from .. import events
+        try:
+            events.record(folder, "hung_thread", f"{len(hung)} {what} thread(s) did not end within {timeout_s:g} s "
+                                                 f"of the stop and were left: {', '.join(hung)}", threads=hung)
+        except OSError:
+            pass
+    return hung
 
 
 class Executor(Protocol):

@@ -20,7 +20,9 @@ from ..config import RunConfig
 from ..gitgate import GitGate, Worktree
 from ..runner import TrainResult
 from . import evaluation
-from .base import Job, JobFuture, ThreadedExecutor
+from .base import Job, JobFuture, ThreadedExecutor, join_bounded
+
+CLOSE_S = 60.0  # s close() waits for the job threads after cancelling them (a job is killed in seconds)
 
 
 def train_once(cfg: RunConfig, worktree: Path, log_path: Path, seed: int, gpu: str | None = None,
@@ -133,24 +135,32 @@ class LocalExecutor(ThreadedExecutor):
         return slot.worktree
 
     def close(self) -> None:
-        """Cancel every job (running ones are killed), wait for them, remove the slots' worktrees."""
+        """Cancel every job (running ones are killed), wait for them (CLOSE_S at most: a thread still
+        there is reported and left, its slot's worktree too, for --resume to remove), remove the
+        slots' worktrees."""
         with self.cond:
+            if self.closed:  # once (the driver's stop, then its exit)
+                return
             self.closed = True
             for f in [*self.waiting, *self.running]:
                 f.job.cancel.set()
             self.cond.notify_all()
-        for t in self.threads:
-            t.join()
+        hung = join_bounded(self.threads, CLOSE_S, self.root.parent, "training job")
+        with self.cond:
+            busy = [s for s in self.all if s not in self.free] if hung else []
         with self.git_lock:
             for slot in self.all:
+                if slot in busy:
+                    continue
                 if slot.worktree is not None:
                     slot.worktree.close()
                 slot.worktree = None
-            self._remove_leftovers()
+            self._remove_leftovers(skip={s.path for s in busy})
 
-    def _remove_leftovers(self) -> None:
+    def _remove_leftovers(self, skip: set[Path] = frozenset()) -> None:
         """Slot worktrees of this executor, or of a supervisor that was killed: removed, pruned."""
         if self.root.exists():
             for path in sorted(self.root.iterdir()):
-                self.gate.remove_worktree(path)
+                if path not in skip:
+                    self.gate.remove_worktree(path)
             self.gate.prune()

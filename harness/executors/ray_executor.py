@@ -15,26 +15,36 @@ count follows the cluster (`slots()`: the jobs that fit on the alive, usable nod
 every NODES_TTL_S), so nodes that join are used and nodes that leave are dropped, and the
 driver's lanes follow it; `--slots N` pins it. Faults: a task killed by Ray
 or a node lost is an infrastructure failure, retried once (on another node when there is one);
-a second failure is a `crash` whose reason starts with "infrastructure:". While a task runs its
-record is on disk under `<folder>/ray-tasks/`; a new executor on the same folder (--resume after
-a killed supervisor) stops what those tasks left running on every node before it starts.
+a second failure is a `crash` whose reason starts with "infrastructure:". Ray's resource errors
+(out of memory, object store or disk full) are such failures too, raised by a task or by a put.
+While a task runs its record is on disk under `<folder>/ray-tasks/`; a new executor on the same
+folder (--resume after a killed supervisor) stops what those tasks left running on every node
+before it starts.
+
+The cluster going away (its head, the GCS, not answering for the grace, HARNESS_RAY_GRACE_S,
+default 30 s; a head that answers again within it is waited for): every job's future gets
+`ClusterGone`, the driver stops the run with the candidates in flight kept for `--resume`. No
+call of the driver's threads waits on Ray meanwhile: `slots()` is read by a thread of its own,
+the head watched by another with plain TCP connects (a Ray call blocks while the head is gone).
+`close()` is bounded: a job thread that does not end is reported (an event) and left.
 """
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from .. import atomic, events, trust
+from .. import atomic, events, faults, trust
 from ..gitgate import open_repo
-from ..errors import ClusterError
+from ..errors import ClusterError, ClusterGone
 from ..runner import TrainResult
 from . import ray_worker
-from .ray_cluster import archive, connect, fits, import_ray, ray_options
-from .base import Job, JobFuture, ThreadedExecutor
+from .ray_cluster import archive, connect, fits, grace_s, import_ray, ray_options
+from .base import Job, JobFuture, ThreadedExecutor, begin, join_bounded, settle
 
 POLL_S = 0.2  # s between checks of a job's cancel flag while its task runs
 GRACEFUL_CANCEL_S = 15.0  # s a cancelled task has to kill its job itself before Ray kills the worker
@@ -42,6 +52,15 @@ DRAIN_S = 10.0  # s to wait for a task's end after its result (it removes its fo
 REAP_TIMEOUT_S = 60.0  # s for the clean-up task on a node
 NODES_TTL_S = 2.0  # s a reading of the cluster's nodes serves for the slot count
 ATTEMPTS = 2  # an infrastructure failure is retried once
+WATCH_S = 1.0  # s between checks that the cluster's head answers
+PROBE_TIMEOUT_S = 2.0  # s a TCP connect to the head may take
+CLOSE_S = GRACEFUL_CANCEL_S + REAP_TIMEOUT_S + 15.0  # s close() waits for the job threads (a cancel, a reap)
+GONE_CLOSE_S = 5.0  # the same once the cluster has gone (its calls would block)
+SHUTDOWN_S = 20.0  # s for ray.shutdown()
+# Ray's errors that are the cluster's, not the candidate's: the attempt is retried once
+RESOURCE_ERRORS = ("OutOfMemoryError", "ObjectStoreFullError", "OutOfDiskError")
+LOST_ERRORS = ("WorkerCrashedError", "NodeDiedError", "LocalRayletDiedError", "ObjectLostError", "OwnerDiedError",
+               "TaskUnschedulableError", "RaySystemError", "ActorDiedError")
 
 
 class Infrastructure(Exception):
@@ -58,6 +77,9 @@ class RayExecutor(ThreadedExecutor):
         self.ray = import_ray()
         self.repo, self.folder = Path(repo), Path(folder)
         self.address = connect(address)
+        self.gcs = self._gcs_address()
+        self.grace_s = grace_s()
+        self.gone: str | None = None  # why the cluster has gone (set once, by the watch thread)
         self.resources = dict(resources or {"GPU": 1.0})
         self.tasks_dir = self.folder / "ray-tasks"
         self.run_job = self.ray.remote(ray_worker.run_job)
@@ -76,18 +98,85 @@ class RayExecutor(ThreadedExecutor):
         self.baselines: dict[str, Any] = {}  # baseline commit -> its protected files in the object store
         self.threads: list[threading.Thread] = []
         self.closed = False
+        for target, name in ((self._watch, "ray-watch"), (self._read_nodes, "ray-nodes")):
+            threading.Thread(target=target, name=name, daemon=True).start()
 
     def _summary(self) -> str:
         res = self.ray.cluster_resources()
         return ", ".join(f"{k} {v:g}" for k, v in sorted(res.items()) if k in ("CPU", "GPU")) or "no CPU or GPU"
 
     def slots(self) -> int:
-        """Jobs at once: --slots, or how many fit on the alive, usable nodes now (read every NODES_TTL_S)."""
+        """Jobs at once: --slots, or how many fit on the alive, usable nodes (read every NODES_TTL_S by a
+        thread of its own: this never waits on Ray, whose calls block while the head is gone)."""
         if self.pinned:
             return self.pinned
-        if time.monotonic() - self.read_at >= NODES_TTL_S:
-            self.count, self.read_at = self._capacity(), time.monotonic()
         return self.count
+
+    def _read_nodes(self) -> None:
+        while not self.closed and self.gone is None:
+            time.sleep(NODES_TTL_S)
+            if self.closed or self.gone is not None:
+                return
+            try:
+                self.count, self.read_at = self._capacity(), time.monotonic()
+            except Exception:  # noqa: BLE001 - the last reading stands; the watch thread judges the head
+                pass
+
+    # -- the cluster going away --------------------------------------------------------------
+
+    def _gcs_address(self) -> tuple[str, int] | None:
+        try:
+            host, _, port = self.ray.get_runtime_context().gcs_address.rpartition(":")
+            return host, int(port)
+        except Exception:  # noqa: BLE001 - not known: the head is not watched
+            return None
+
+    def answers(self) -> bool:
+        """Does the cluster's head (its GCS) accept a connection now? A plain TCP connect, never a Ray call."""
+        if self.gcs is None:
+            return True
+        try:
+            socket.create_connection(self.gcs, timeout=PROBE_TIMEOUT_S).close()
+            return True
+        except OSError:
+            return False
+
+    def _watch(self) -> None:
+        """The head watched: unanswered for the grace, the cluster has gone (every job's future told)."""
+        since: float | None = None
+        while not self.closed:
+            if self.answers():
+                since = None
+            else:
+                since = since or time.monotonic()
+                if time.monotonic() - since >= self.grace_s:
+                    self._lost()
+                    return
+            time.sleep(WATCH_S)
+
+    def _lost(self) -> None:
+        host = f"{self.gcs[0]}:{self.gcs[1]}" if self.gcs else self.address
+        self.gone = (f"the Ray cluster went away: its head at {host} has not answered for {self.grace_s:g} s. "
+                     f"The run stopped; the candidate(s) in flight are kept. Start the cluster again (or another) "
+                     f"and continue with `harness run --resume` (--ray-address if its address changed)")
+        events.record(self.folder, "cluster_gone", self.gone)
+        with self.cond:
+            futures = list(self.futures)
+            self.cond.notify_all()
+        for f in futures:
+            settle(f, exc=ClusterGone(self.gone))
+
+    def _check_gone(self) -> None:
+        if self.gone is not None:
+            raise ClusterGone(self.gone)
+
+    def _hold_while_unreachable(self) -> None:
+        """An attempt failed while the head does not answer: wait (the grace at most) for the watch
+        thread's verdict, so that a cluster going away is not recorded as the candidate's crash."""
+        deadline = time.monotonic() + self.grace_s + 2 * WATCH_S + PROBE_TIMEOUT_S
+        while self.gone is None and not self.answers() and time.monotonic() < deadline:
+            time.sleep(WATCH_S / 2)
+        self._check_gone()
 
     def _capacity(self) -> int:
         nodes = [n for n in self.ray.nodes() if n.get("Alive") and n["NodeID"] not in self.unusable]
@@ -101,25 +190,27 @@ class RayExecutor(ThreadedExecutor):
         self.futures.add(future)
 
     def close(self) -> None:
-        """Cancel every job (their tasks too), wait for them, disconnect."""
+        """Cancel every job (their tasks too), wait for them (CLOSE_S at most: a thread still there is
+        reported and left), disconnect (SHUTDOWN_S at most)."""
         with self.cond:
+            if self.closed:  # once (the driver's stop, then its exit)
+                return
             self.closed = True
             for f in self.futures:
                 f.job.cancel.set()
             self.cond.notify_all()
-        for t in self.threads:
-            t.join()
+        join_bounded(self.threads, GONE_CLOSE_S if self.gone else CLOSE_S, self.folder, "Ray job")
         if self.ray.is_initialized():
-            self.ray.shutdown()
+            join_bounded([_start(self.ray.shutdown, "ray-shutdown")], SHUTDOWN_S, self.folder, "Ray shutdown")
 
     # -- one job -----------------------------------------------------------------------------
 
     def _take(self, job: Job) -> bool:
         """Wait for a free slot (the count follows the cluster); False when cancelled first."""
         while True:
-            count = self.slots()  # outside the lock: it may ask the cluster
+            count = self.slots()
             with self.cond:
-                if job.cancel.is_set() or self.closed:
+                if job.cancel.is_set() or self.closed or self.gone is not None:
                     return False
                 if self.busy < count:
                     self.busy += 1
@@ -132,18 +223,21 @@ class RayExecutor(ThreadedExecutor):
             self.cond.notify_all()
 
     def _work(self, future: JobFuture) -> None:
+        """One job's thread. The future may have been settled already (the cluster went away): then
+        what this thread finds later is dropped (base.settle)."""
         job = future.job
         if not self._take(job):
-            if future.set_running_or_notify_cancel():
-                future.set_exception(KeyboardInterrupt("training cancelled"))
+            settle(future, exc=ClusterGone(self.gone) if self.gone else KeyboardInterrupt("training cancelled"))
             self._forget(future)
             return
         try:
-            if future.set_running_or_notify_cancel():
+            if begin(future):
                 try:
-                    future.set_result(self._train(job))
+                    result = self._train(job)
                 except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
-                    future.set_exception(e)
+                    settle(future, exc=ClusterGone(self.gone) if self.gone else e)
+                else:
+                    settle(future, result, exc=ClusterGone(self.gone) if self.gone else None)
         finally:
             self._give()
             self._forget(future)
@@ -154,16 +248,21 @@ class RayExecutor(ThreadedExecutor):
 
     def _train(self, job: Job) -> TrainResult:
         cfg = job.cfg
-        base = self._baseline(job)
-        if isinstance(base, TrainResult):
-            return base
-        data = self.ray.put(archive(self.repo, job.commit, (*cfg.editable, *cfg.protected)))
+        refused = self._check_baseline(job)
+        if refused is not None:
+            return refused
+        data = base = None
         ship = _shippable(cfg)
         tried: list[str] = []
         reasons: list[str] = []
         for attempt in range(1, ATTEMPTS + 1):
             node_id = None
             try:
+                self._check_gone()
+                if data is None:  # a full object store is the cluster's failure too: retried
+                    data = self._put(archive(self.repo, job.commit, (*cfg.editable, *cfg.protected)))
+                if base is None and job.baseline:
+                    base = self._baseline(job)
                 node_id = self._choose(tried)  # counted there: two jobs choosing at once pick two nodes
                 try:
                     return self._attempt(job, ship, (data, base), node_id, attempt)
@@ -171,16 +270,24 @@ class RayExecutor(ThreadedExecutor):
                     with self.cond:
                         self.running[node_id or ""] -= 1
             except Infrastructure as e:
+                self._hold_while_unreachable()  # the head gone: ClusterGone, not the candidate's crash
                 tried.append(e.node_id or node_id or "")
                 reasons.append(e.reason)
                 events.record(cfg.run_dir, "infrastructure", f"{job.name} attempt {attempt}: {e.reason}"
                               + ("; retrying" if attempt < ATTEMPTS else ""))
         return TrainResult("crash", reason="infrastructure: " + "; then ".join(reasons))
 
-    def _baseline(self, job: Job) -> Any:
-        """The baseline's protected files for the worker's evaluation (in the object store, once per
-        baseline), checked here, where the run's history is (trust.py); None for a throwaway run's job,
-        an `invalid` TrainResult when the job's baseline is not the run's."""
+    def _put(self, value: bytes) -> Any:
+        try:
+            return self.ray.put(value)
+        except self.ray.exceptions.RayError as e:
+            if _kind(e):
+                raise Infrastructure(f"{_kind(e)} (storing the job's files): {_first_line(e)}") from None
+            raise
+
+    def _check_baseline(self, job: Job) -> TrainResult | None:
+        """The job's baseline checked here, where the run's history is (trust.py): an `invalid`
+        TrainResult when it is not the run's; None when it is (or the job has none: a throwaway run's)."""
         if not job.baseline:
             return None
         repo = open_repo(self.repo)  # not a Worktree: that would clear the user's index.lock
@@ -191,10 +298,14 @@ class RayExecutor(ThreadedExecutor):
         if problem:
             return TrainResult("invalid", reason=f"{problem}: refused by the trusted baseline check, the "
                                                  f"evaluator runs only from the run's own baseline")
+        return None
+
+    def _baseline(self, job: Job) -> Any:
+        """The baseline's protected files for the worker's evaluation, in the object store once per baseline."""
         with self.cond:
             ref = self.baselines.get(job.baseline)
         if ref is None:
-            ref = self.ray.put(archive(self.repo, job.baseline, job.cfg.protected))
+            ref = self._put(archive(self.repo, job.baseline, job.cfg.protected))
             with self.cond:
                 ref = self.baselines.setdefault(job.baseline, ref)
         return ref
@@ -223,7 +334,7 @@ class RayExecutor(ThreadedExecutor):
         token = uuid.uuid4().hex
         spec = {"token": token, "seed": job.seed, "iteration": job.iteration, "commit": job.commit,
                 "protected_sha256": dict(job.protected_sha256), "allowance_s": job.allowance_s,
-                "baseline_cpu_s": job.baseline_cpu_s}
+                "baseline_cpu_s": job.baseline_cpu_s, "fault": faults.ray_raise()}
         opts = ray_options(self.resources)
         if node_id is not None:
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
@@ -242,6 +353,7 @@ class RayExecutor(ThreadedExecutor):
         """Stream the task's log into log until its result; cancel -> the task stopped, KeyboardInterrupt."""
         ex = self.ray.exceptions
         while True:
+            self._check_gone()  # the task's record stays: --resume stops what it left
             if job.cancel.is_set():
                 self._cancel(gen, record)
                 raise KeyboardInterrupt("training cancelled")
@@ -254,12 +366,14 @@ class RayExecutor(ThreadedExecutor):
                 raise Infrastructure("the task ended without a result", record.get("node_id")) from None
             except ex.TaskCancelledError:
                 raise Infrastructure("the task was cancelled by Ray", record.get("node_id")) from None
-            except (ex.WorkerCrashedError, ex.NodeDiedError, ex.ObjectLostError, ex.OwnerDiedError,
-                    ex.TaskUnschedulableError, ex.RaySystemError, ex.ActorDiedError) as e:
-                self._reap(record)
-                raise Infrastructure(f"{type(e).__name__}: {_first_line(e)}", record.get("node_id")) from None
-            except ex.RayTaskError as e:  # the worker side failed (git missing, disk full ...)
-                raise Infrastructure(f"the worker failed: {_first_line(e)}", record.get("node_id")) from None
+            except ex.RayError as e:
+                kind = _kind(e)
+                if kind:  # killed by Ray (memory), a node lost, a store full
+                    self._reap(record)
+                    raise Infrastructure(f"{kind}: {_first_line(e)}", record.get("node_id")) from None
+                if isinstance(e, ex.RayTaskError):  # the worker side failed (git missing, disk full ...)
+                    raise Infrastructure(f"the worker failed: {_first_line(e)}", record.get("node_id")) from None
+                raise
             kind = item[0]
             if kind == "started":
                 record.update(item[1])
@@ -360,6 +474,22 @@ def _shippable(cfg: Any) -> Any:
     """The config that travels: nothing of the researcher's (options, keys' names) goes to the worker."""
     from dataclasses import replace
     return replace(cfg, agent_options={})
+
+
+def _kind(e: BaseException) -> str | None:
+    """The name of Ray's error, or of the one a task raised (a RayTaskError carries it as its cause),
+    when it is the cluster's failure (RESOURCE_ERRORS, LOST_ERRORS and their kinds); else None."""
+    cause = getattr(e, "cause", None)
+    error = cause if isinstance(cause, BaseException) else e
+    if any(cls.__name__ in RESOURCE_ERRORS + LOST_ERRORS for cls in type(error).__mro__):
+        return type(error).__name__
+    return None
+
+
+def _start(target: Any, name: str) -> threading.Thread:
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 def _first_line(e: BaseException) -> str:

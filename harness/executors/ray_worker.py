@@ -33,17 +33,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Generator, Iterator
 
-from .. import supervise
+from .. import faults, supervise
 from ..events import NAME as EVENTS
 from ..config import RunConfig
 from ..gitgate import run_git
 from ..runner import TrainResult, training_env
+from .base import join_bounded
 from .local import train_once
 
 WORK_VAR = "HARNESS_RAY_WORK_DIR"  # where jobs unpack on a node; default <tmp>/harness-ray
 STREAM_S = 0.5  # s between log chunks sent back
 CHUNK_BYTES = 1 << 20
 GIT_TIMEOUT_S = 60
+JOIN_S = 30.0  # s the job's thread has to end after a cancel (it kills the job's process group first)
 
 
 def work_root() -> Path:
@@ -137,6 +139,7 @@ def run_job(archive: Any, baseline: Any, cfg: RunConfig, spec: dict[str, Any]) -
     ctx = ray.get_runtime_context()
     yield ("started", {"node": node_name(), "node_id": ctx.get_node_id(), "task_id": ctx.get_task_id(),
                        "pid": os.getpid(), "folder": str(folder)})
+    faults.ray_fail(spec.get("fault"))  # the fault suite's Ray errors (faults.RAY_ENV)
     archive, baseline = (ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in (archive, baseline))
     try:
         tree = folder / "tree"
@@ -193,7 +196,7 @@ def _train(cfg: RunConfig, tree: Path, log: Path, spec: dict[str, Any],
                     break
         finally:  # a cancel (KeyboardInterrupt in this thread) or the driver gone: the job is killed
             cancel.set()
-            thread.join()
+            join_bounded([thread], JOIN_S, cfg.run_dir, "training")  # one that hangs is reported and left
     if "error" in box:
         raise box["error"]
     return box["result"]

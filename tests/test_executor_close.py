@@ -1,0 +1,40 @@
+"""Executors' close() is bounded: a job thread that never returns is reported and left, not waited on.
+(The Ray executor's: tests/test_ray_faults.py.)"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+from harness import config
+from harness.executors import Job, LocalExecutor, local
+
+from conftest import git, make_repo
+
+
+def test_a_hung_local_job_thread_does_not_hold_close(tmp_path: Path, monkeypatch):
+    never = threading.Event()
+    started = threading.Event()
+
+    def hangs(*args, **kwargs):  # a job thread that ignores its cancel and never returns
+        started.set()
+        never.wait()
+
+    monkeypatch.setattr(local, "train_once", hangs)
+    monkeypatch.setattr(local, "CLOSE_S", 1.0)
+    repo = make_repo(tmp_path / "research")
+    cfg = config.resolve(repo, "hung", {})
+    executor = LocalExecutor(repo, cfg.run_dir / "slots")
+    future = executor.submit(Job(cfg, git(repo, "rev-parse", "HEAD"), 1, cfg.logs_dir / "hung.log"))
+    assert started.wait(30)
+    t0 = time.monotonic()
+    executor.close()
+    assert time.monotonic() - t0 < 10
+    assert not future.done()
+    events = [json.loads(line) for line in (cfg.run_dir / "events.log").read_text().splitlines()]
+    hung = [e for e in events if e["kind"] == "hung_thread"]
+    assert len(hung) == 1 and "job-hung" in hung[0]["message"] and "1 s" in hung[0]["message"]
+    assert (cfg.run_dir / "slots" / "0").exists()  # the hung job's worktree is left to --resume
+    executor.close()  # once: a second close does not wait again
+    never.set()
