@@ -242,8 +242,8 @@ def baseline(ctx: Context, state: RunState, progress: Progress) -> Baseline:
 def reconcile(ctx: Context, base: str, verify: bool = False) -> RunState | None:
     """Rebuild the state from disk and reset the worktree to the best commit (None: no baseline yet).
 
-    Journals of committed candidates that an interruption left untrained stay: train_waiting
-    trains them on --resume; after a stop they wait for the next --resume.
+    Journals of committed candidates that an interruption left untrained stay: on --resume the
+    loop trains them first (waiting_candidate); after a stop they wait for the next --resume.
     """
     cfg = ctx.cfg
     ledgerguard.sync(cfg.ledger_path)  # a torn last line repaired, rows changed behind our back restored

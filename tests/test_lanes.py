@@ -148,4 +148,6 @@ def test_a_proposal_dropped_at_the_stop_keeps_its_number_and_its_spend(tmp_path:
     assert rows[1]["agent_s"] >= 2.0 and rows[1]["train_s"] is None and "iteration 1" in rows[1]["description"]
     driver.run(cfg, resume=True, researcher=DroppedAtTheStop(stop=False))
     rows = ledger.read_rows(cfg.ledger_path)
-    assert sorted(r["iteration"] for r in rows) == [0, 1, 2, 3], rows
+    # --iterations 3 is three experiments (2, 3, 4); the stopped call kept its number and its spend
+    assert sorted(r["iteration"] for r in rows) == [0, 1, 2, 3, 4], rows
+    assert [r["iteration"] for r in rows if r["status"] == "stopped"] == [1]
