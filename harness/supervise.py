@@ -27,6 +27,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
+import psutil
+
 from . import atomic
 
 TOKEN_VAR = "HARNESS_PROC"
@@ -38,45 +40,33 @@ POLL_S = 0.05
 
 
 # ---------------------------------------------------------------------------
-# /proc
+# the process table (psutil)
 
 
-def _processes() -> Iterator[int]:
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return
-    for entry in entries:
-        if entry.isdigit():
-            yield int(entry)
+def _processes() -> list[int]:
+    return psutil.pids()
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
     """(state, pgid) of a process, or None when it is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return psutil.Process(pid).status(), os.getpgid(pid)
+    except (psutil.Error, OSError):
         return None
-    fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
-    return (fields[0], int(fields[2])) if len(fields) > 2 else None
 
 
 def _environ(pid: int) -> dict[str, str]:
+    """The harness's marks in a process's environment ({} when it is gone or not ours to read)."""
     try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
+        env = psutil.Process(pid).environ()
+    except (psutil.Error, OSError):
         return {}
-    out = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep and key in (TOKEN_VAR.encode(), RUN_VAR.encode(), OWNER_VAR.encode()):
-            out[key.decode()] = value.decode(errors="replace")
-    return out
+    return {k: env[k] for k in (TOKEN_VAR, RUN_VAR, OWNER_VAR) if k in env}
 
 
 def alive(pid: int) -> bool:
     st = _stat(pid)
-    return st is not None and st[0] != "Z"
+    return st is not None and st[0] != psutil.STATUS_ZOMBIE
 
 
 def members(pgid: int | None = None, token: str | None = None, run_dir: str | None = None,
@@ -89,7 +79,7 @@ def members(pgid: int | None = None, token: str | None = None, run_dir: str | No
         if pid == me:
             continue
         st = _stat(pid)
-        if st is None or st[0] == "Z":
+        if st is None or st[0] == psutil.STATUS_ZOMBIE:
             continue
         if pgid is not None and st[1] == pgid:
             found.append(pid)
