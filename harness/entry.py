@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 
 EARLY = "harness: interrupted while starting; nothing was changed\n"
 
