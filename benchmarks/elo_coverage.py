@@ -28,7 +28,7 @@ import numpy as np
 
 from common import ROOT  # noqa: F401  (puts the repo root on sys.path)
 
-from harness import elo  # noqa: E402
+from harness.reporting import elo  # noqa: E402
 
 TRUE_SD = 1.0  # log-odds: the spread of the arms' true strengths (about 174 Elo)
 LEVELS = (0.90, 0.95)

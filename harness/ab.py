@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import atomic, driver, pipeline, pricing, report, runs
+from . import atomic, driver, pipeline, pricing, runs
+from .reporting import report
 from .agents import Researcher, make_researcher
 from .arms import ArmSpec
 from .config import RunConfig, resolve

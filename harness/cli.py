@@ -20,7 +20,7 @@ from .lazy import lazy_function, lazy_module
 
 # Loaded on first use: `harness elo`, `report` and `--help` need none of the run machinery.
 driver, pipeline_mod, rerun_mod, runs, status_mod, trainenv, track_mod = (
-    lazy_module(f"harness.{m}") for m in ("driver", "pipeline", "rerun", "runs", "status", "trainenv", "track"))
+    lazy_module(f"harness.{m}") for m in ("driver", "pipeline", "rerun", "runs", "reporting.status", "trainenv", "track"))
 from .cli_display import Display, Watched, agent_label, literal, summary_text
 from .config import read_repo_settings, resolve, with_run_settings
 from .errors import HarnessError
@@ -522,7 +522,7 @@ def report(paths, out):
     Works at any time (mid-run too), on an A/B folder (runs/<tag> with a/ and b/), and on
     karpathy/autoresearch's five-column results.tsv (missing figures are shown as unknown).
     """
-    from . import report as report_mod
+    from .reporting import report as report_mod
 
     built = report_mod.build(list(paths), out)
     say("\n".join(built.summary["verdict"]["text"]))
@@ -556,7 +556,7 @@ def elo(paths, out, as_json, **settings):
     """
     import json
 
-    from . import elo as elo_mod, elo_render
+    from .reporting import elo as elo_mod, elo_render
 
     result = elo_mod.analyze(list(paths), elo_mod.Settings(**settings), progress=lambda m: err.print(f"[dim]{m}[/]"))
     text = elo_render.markdown(result)

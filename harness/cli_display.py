@@ -26,7 +26,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from . import figures, ledger
+from . import ledger
+from .reporting import figures
 
 STATUS_STYLE = {"keep": "green", "discard": "yellow", "skip": "dim", "repeat": "dim", "budget": "magenta", "stopped": "dim"}
 REFRESH_PER_S = 2

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 
-from . import __version__, decide, events, figures, ledger, ledgerguard, pricing, seal, trainenv, trust
+from . import __version__, decide, events, ledger, ledgerguard, pricing, seal, trainenv, trust
+from .reporting import figures
 from .agents import Researcher, make_researcher, routing_mismatch
 from .config import RunConfig, compare_resume, refusal_message
 from .errors import RepoError

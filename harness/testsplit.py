@@ -30,7 +30,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from . import events, figures, ledger, ledgerguard, track
+from . import events, ledger, ledgerguard, track
+from .reporting import figures
 from .errors import RepoError
 
 TEST_FILE = "test_scores.tsv"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import elo, elo_render
-from harness.elo_data import EloInputError
+from harness.reporting import elo, elo_render
+from harness.reporting.elo_data import EloInputError
 from harness.errors import HarnessError
 from harness.ledger import columns
 from fakes.elo_sim import SimArm, commit_of, tournament, true_elo, write_ledger
@@ -497,7 +497,7 @@ def test_two_arm_posterior_is_jeffreys_beta_posterior_on_the_win_rate():
     interval with the best coverage. The draws match that density, integrated on a grid."""
     import numpy as np
 
-    from harness import elo_fit
+    from harness.reporting import elo_fit
 
     d = np.linspace(-30, 30, 600001)  # arm 0's log-odds over the anchor
     p_grid = 1 / (1 + np.exp(-d))
@@ -541,7 +541,7 @@ def test_ranking_weight_is_what_a_ranking_of_the_arms_warrants():
     variance simulated from rankings."""
     import numpy as np
 
-    from harness import elo_fit
+    from harness.reporting import elo_fit
 
     for m in (2, 3, 4, 6):
         assert elo_fit.ranking_weight(np.zeros(m)) == pytest.approx(3 / (m + 1) if m > 2 else 1.0)

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import ledger, report
+from harness import ledger
+from harness.reporting import report
 from harness.errors import HarnessError
 from harness.ledger import Row
-from harness.report_diff import changed_names, names_at
+from harness.reporting.report_diff import changed_names, names_at
 
 from conftest import git
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import decide, ledger
-from .errors import HarnessError
+from .. import decide, ledger
+from ..errors import HarnessError
 
 AB_POSITIONAL = {"a", "b"}  # the A/B's arm folders: positions, not names worth comparing across runs
 SKIP_DIRS = {"worktree", "lanes", "logs", ".git"}  # never ledgers of their own

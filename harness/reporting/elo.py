@@ -17,7 +17,8 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from . import decide, elo_data, elo_fit, ledger, repeats
+from .. import decide, ledger
+from . import elo_data, elo_fit, repeats
 from .elo_data import BUDGETS, EloInputError, Task
 
 POINTS = (0.25, 0.5, 0.75, 1.0)  # budget points, as fractions of each task's common budget

@@ -14,12 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .executors import sandbox
-from . import decide, events, figures, ledger, spend
-from .errors import HarnessError
-from .gitrun import run_git
+from ..executors import sandbox
+from .. import decide, events, ledger, spend
+from . import figures
+from ..errors import HarnessError
+from ..gitrun import run_git
 from .report_diff import changed_names
-from . import repeats, report_verdict, testsplit
+from .. import testsplit
+from . import repeats, report_verdict
 
 FAILED = ("crash", "timeout", "invalid")
 SHOWN_STATUSES = ("keep", "discard", "crash", "timeout", "invalid")

@@ -10,7 +10,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from .gitrun import run_git
+from ..gitrun import run_git
 
 HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
 CONST_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")

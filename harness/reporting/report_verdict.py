@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from . import decide, figures
+from .. import decide
+from . import figures
 
 BOOTSTRAP_DRAWS = 10_000
 BOOTSTRAP_SEED = 0

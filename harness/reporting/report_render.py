@@ -13,7 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from . import elo_render, testsplit
+from .. import testsplit
+from . import elo_render
 
 STATUS_COLORS = {"keep": "#2ca02c", "discard": "#ff7f0e", "crash": "#d62728", "timeout": "#9467bd",
                  "invalid": "#7f7f7f", "skip": "#bcbd22", "budget": "#17becf", "repeat": "#aec7e8"}
