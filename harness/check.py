@@ -15,7 +15,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from . import driver, pricing, prompt, supervise
+from . import driver, prompt
+from .agents import pricing
+from .lifecycle import supervise
 from .agents import KEY_VARS, Proposal, Task, make_researcher, sandboxed
 from .config import RunConfig
 from .errors import HarnessError
@@ -24,7 +26,7 @@ from . import gitgate
 from .gitgate import GitGate
 from .executors import train_once
 from .runner import tail
-from .runs import program_text
+from .lifecycle.runs import program_text
 
 
 class CheckError(HarnessError):

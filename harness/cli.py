@@ -15,12 +15,13 @@ from rich.text import Text
 
 import sys
 
-from . import __version__, backends, ledgerguard
+from . import __version__, ledgerguard
+from .agents import backends
 from .lazy import lazy_function, lazy_module
 
 # Loaded on first use: `harness elo`, `report` and `--help` need none of the run machinery.
 driver, pipeline_mod, rerun_mod, runs, status_mod, trainenv, track_mod = (
-    lazy_module(f"harness.{m}") for m in ("driver", "pipeline", "rerun", "runs", "reporting.status", "trainenv", "track"))
+    lazy_module(f"harness.{m}") for m in ("driver", "pipeline", "rerun", "lifecycle.runs", "reporting.status", "trainenv", "track"))
 from .cli_display import Display, Watched, agent_label, literal, summary_text
 from .config import read_repo_settings, resolve, with_run_settings
 from .errors import HarnessError
@@ -484,7 +485,7 @@ def ab_watched(repo: Path, tag: str, arms: dict[str, tuple[str | None, str | Non
     """The arms (or a tournament's units) as the screen shows them: labelled by model and
     researcher, not a/b."""
     from .ab import unit_name
-    from .pricing import resolve_model
+    from .agents.pricing import resolve_model
     settings, _ = read_repo_settings(Path(repo))
     setup_path = Path(repo).resolve() / "runs" / tag / "ab.json"
     old = json.loads(setup_path.read_text()).get("arms", {}) if setup_path.exists() else {}

@@ -35,14 +35,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import decide, disk, events, faults, health, ledger, pricing, recovery, runs, stops, supervise, testsplit
+from . import decide, disk, events, ledger, testsplit
+from .lifecycle import faults, health, recovery, runs, stops, supervise
+from .agents import pricing
 from .agents.base import printable
 from .errors import ClusterGone, HarnessError
 from .config import RunConfig
 from .executors import Executor, make_executor
 from .gitgate import GitGate, data_files
 from .ledger import Row
-from .runs import Progress, Summary
+from .lifecycle.runs import Progress, Summary
 from .step import (Candidate, Context, FirstRun, RunState, clear_journal, confirm_run, conflict_row, first_run,
                    now_iso, prepare_candidate, primary_row, rebased, write_journal)
 

@@ -24,7 +24,8 @@ import os
 import threading
 from pathlib import Path
 
-from . import events, faults
+from . import events
+from .lifecycle import faults
 from .atomic import atomic_write  # also ledgerguard.atomic_write, as before
 from .errors import LedgerError, RepoError
 

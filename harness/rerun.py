@@ -6,7 +6,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import supervise
+from .lifecycle import supervise
 from .config import RunConfig
 from .errors import HarnessError
 from .executors import Job, LocalExecutor

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from . import faults, supervise
+from .lifecycle import faults, supervise
 
 if TYPE_CHECKING:
     from .executors.limits import Cgroup, Limits, Stalls, Watch

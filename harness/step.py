@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import atomic, decide, disk, events, faults, guard, ledger, pricing, prompt, rebase, seal
+from . import atomic, decide, disk, events, ledger, prompt, rebase
+from .lifecycle import faults
+from .integrity import guard, seal
+from .agents import pricing
 from .agents import Proposal, Researcher, Task, Usage, sandboxed
 from .agents.base import printable
 from .config import RunConfig

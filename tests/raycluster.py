@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness import supervise  # noqa: E402
+from harness.lifecycle import supervise  # noqa: E402
 
 START_TIMEOUT_S = 120  # a loaded 2-core machine: a node needs a few seconds, give it many
 OBJECT_STORE_BYTES = 100 * 1024 ** 2  # per node: the jobs' archives are small (Ray's default takes 30% of RAM)

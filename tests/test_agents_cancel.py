@@ -9,7 +9,7 @@ from pathlib import Path
 
 from harness.agents import Task, make_researcher
 from harness.agents.process import STOP_GRACE_S
-from harness.supervise import members
+from harness.lifecycle.supervise import members
 from fakes.helpers import TEST_KEY, install_stand_ins
 from fakes.openai_server import Fail, Hang, ScriptedServer
 

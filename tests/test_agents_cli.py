@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import pricing
+from harness.agents import pricing
 from harness.agents import make_researcher
 from harness.errors import AgentError
 from conftest import make_repo

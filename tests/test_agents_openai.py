@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import pricing
+from harness.agents import pricing
 from conftest import git
 from fakes.helpers import TEST_KEY, harness, rows
 from fakes.openai_server import Fail, Hang, ScriptedServer, bad_search, lower_value

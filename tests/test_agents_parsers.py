@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from harness import pricing
+from harness.agents import pricing
 from harness.agents import routing_mismatch
-from harness import spend
+from harness.agents import spend
 from harness.agents.base import Usage
 from harness.agents.claude import parse_claude_result
 from harness.agents.cli import CLIOutput, merge_error

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import ab, atomic, ledgerguard, step, stops, supervise
+from harness import ab, atomic, ledgerguard, step
+from harness.lifecycle import stops, supervise
 from harness.agents.gemini import GeminiResearcher
 from harness.config import RunConfig
 from harness.executors import limits

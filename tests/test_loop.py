@@ -294,7 +294,7 @@ def test_a_journal_commit_that_is_gone_is_told_from_a_transient_git_error(repo: 
     too many open files) is raised, so the candidate waits for the next --resume instead."""
     import git as gitpython
 
-    from harness import runs
+    from harness.lifecycle import runs
     cfg = config(repo, iterations=1)
     driver.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9}]))
     ctx = Context(cfg, GitGate(repo).worktree(cfg.worktree), ScriptedResearcher([]), "")

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from harness import policy
+from harness.integrity import policy
 
 BASE = '''import time
 from prepare import MAX_STEPS, TIME_BUDGET, evaluate_bpb, get_batch, report

@@ -21,7 +21,8 @@ from click.testing import CliRunner
 
 ray = pytest.importorskip("ray", reason="ray is not installed: pip install -e '.[ray]'")
 
-from harness import ledger, supervise  # noqa: E402
+from harness import ledger  # noqa: E402
+from harness.lifecycle import supervise
 from harness.cli import main  # noqa: E402
 
 from conftest import ROOT, git, make_repo, set_globals, FAKE_TRAIN  # noqa: E402
@@ -227,7 +228,7 @@ def test_killed_supervisor_leaves_no_task_after_resume(tmp_path: Path, cluster):
 
 
 def test_a_job_lost_twice_is_an_infrastructure_crash(tmp_path: Path, cluster):
-    from harness import health
+    from harness.lifecycle import health
     repo = make_repo(tmp_path / "research", set_globals(FAKE_TRAIN, SLEEP_S=3.0))
     tasks = repo / "runs" / "lost" / "ray-tasks"
     killed: list[str] = []

@@ -17,7 +17,8 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="ray is not installed: pip install -e '.[ray]'")
 
-from harness import faults, ledger  # noqa: E402
+from harness.lifecycle import faults  # noqa: E402
+from harness import ledger
 
 from conftest import ROOT, FAKE_TRAIN, git, make_repo  # noqa: E402
 from raycluster import LocalCluster, processes_under, wait_for  # noqa: E402
@@ -146,7 +147,7 @@ def test_ray_resource_errors_are_retried_then_infrastructure(tmp_path: Path, clu
     """The task raises Ray's errors on the node (faults.RAY_ENV): attempt 1 (the baseline) out of memory,
     retried; iteration 1's both attempts an object store full: an infrastructure row; iteration 2's
     first out of disk, retried. The run goes on to its end."""
-    from harness import health
+    from harness.lifecycle import health
     monkeypatch.setenv(faults.RAY_ENV, "OutOfMemoryError:1,ObjectStoreFullError:3+4,OutOfDiskError:5")
     monkeypatch.setitem(faults._ray, "attempts", 0)
     repo = make_repo(tmp_path / "research")

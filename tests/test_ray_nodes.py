@@ -21,7 +21,8 @@ from click.testing import CliRunner
 
 ray = pytest.importorskip("ray", reason="ray is not installed: pip install -e '.[ray]'")
 
-from harness import ledger, supervise  # noqa: E402
+from harness import ledger  # noqa: E402
+from harness.lifecycle import supervise
 from harness.cli import main  # noqa: E402
 
 from conftest import ROOT, FAKE_TRAIN, git, make_repo  # noqa: E402

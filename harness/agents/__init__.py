@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import pricing
+from . import pricing
 from ..errors import AgentError
 from .base import ERROR_KINDS, KEY_VARS, Proposal, Researcher, Task, Usage
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from .. import pricing
+from . import pricing
 from .base import Proposal, Task, Usage, key_fingerprint, printable
 from . import sandboxed
 from .process import ProcessResult, classify, find_executable, run_agent

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import AgentError
-from .. import supervise
+from ..lifecycle import supervise
 
 STDERR_TAIL_CHARS = 500  # chars of stderr quoted in an error message
 STOP_GRACE_S = 3.0  # s between SIGTERM and SIGKILL of a stopped agent's process group

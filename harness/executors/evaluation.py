@@ -30,7 +30,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import disk, events, guard, seal, trust
+from .. import disk, events, trust
+from ..integrity import guard, seal
 from ..config import RunConfig
 from ..gitgate import Worktree
 from ..runner import RESULT_TAIL_BYTES, TrainResult, run_training, tail, training_env

@@ -38,7 +38,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .. import atomic, events, faults, trust
+from .. import atomic, events, trust
+from ..lifecycle import faults
 from ..gitgate import open_repo
 from ..errors import ClusterError, ClusterGone
 from ..runner import TrainResult

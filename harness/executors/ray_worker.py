@@ -33,7 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Generator, Iterator
 
-from .. import faults, supervise
+from ..lifecycle import faults, supervise
 from ..events import NAME as EVENTS
 from ..config import RunConfig
 from ..gitgate import run_git

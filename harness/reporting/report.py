@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ..executors import sandbox
-from .. import decide, events, ledger, spend
+from .. import decide, events, ledger
+from ..agents import spend
 from . import figures
 from ..errors import HarnessError
 from ..gitrun import run_git

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import decide, events, ledger, spend
+from .. import decide, events, ledger
+from ..agents import spend
 from . import figures
 from ..errors import HarnessError
-from ..recovery import LOCK_NAME
+from ..lifecycle.recovery import LOCK_NAME
 from ..step import pending
 
 ARM_NAMES = ("a", "b")

@@ -240,7 +240,7 @@ def test_agent_sandbox_off_is_recorded_and_warned(tmp_path: Path):
 
 def test_the_git_guard_tells_the_harness_sparse_checkout_from_a_researchers_index_flag(tmp_path: Path):
     """The left-out data is skip-worktree by the harness's doing; a flag the researcher sets is still caught."""
-    from harness import guard
+    from harness.integrity import guard
     from harness.gitgate import GitGate
 
     repo = make_repo(tmp_path / "research")

@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Iterator
 
 from . import supervise
-from .errors import RepoError
+from ..errors import RepoError
 
 LOCK_NAME = "supervisor.lock"
 
 
 def on_resume(run_dir: Path) -> None:
     """Before a resumed run touches its worktrees: stop what the killed supervisor left running."""
-    from . import events
+    from .. import events
     for what in supervise.reap(run_dir):
         events.record(run_dir, "orphan_killed", f"stopped a process left running by the previous supervisor ({what})")
 

@@ -18,9 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import atomic, ledger, pricing
-from .config import RunConfig
-from .ledger import Row
+from .. import atomic, ledger
+from ..agents import pricing
+from ..config import RunConfig
+from ..ledger import Row
 
 CLOCK_NAME = "clock.json"
 REEVALUATED_RE = re.compile(r"re-evaluated on it as iteration (\d+)")  # ledgers before the `kind` column

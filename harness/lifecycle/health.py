@@ -18,9 +18,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import decide, events, ledger, ledgerguard, track
-from .ledger import Row
-from .step import Context, RunState, repeat_row, train
+from .. import decide, events, ledger, ledgerguard, track
+from ..ledger import Row
+from ..step import Context, RunState, repeat_row, train
 
 FAILED = ("crash", "timeout", "invalid")
 FAILURE_RATE = 0.30  # of a checkpoint's window

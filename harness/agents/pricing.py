@@ -16,7 +16,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 _prices_file: str | None = None  # set by --prices for this process; else $HARNESS_PRICES
 

@@ -18,17 +18,19 @@ from pathlib import Path
 from typing import Any, Callable
 
 
-from . import __version__, decide, events, ledger, ledgerguard, pricing, seal, trainenv, trust
-from .reporting import figures
-from .agents import Researcher, make_researcher, routing_mismatch
-from .config import RunConfig, compare_resume, refusal_message
-from .errors import RepoError
-from .agents import sandboxed
-from .executors import budget, sandbox, uvenv
-from .gitgate import GitCommandError, GitGate, Worktree, data_files
-from .ledger import Row
-from .runner import TrainResult, tail
-from .step import (INTERRUPTED, Candidate, Context, RunState, conflict_row, memory_gb,
+from .. import __version__, decide, events, ledger, ledgerguard, trainenv, trust
+from ..agents import pricing
+from ..integrity import seal
+from ..reporting import figures
+from ..agents import Researcher, make_researcher, routing_mismatch
+from ..config import RunConfig, compare_resume, refusal_message
+from ..errors import RepoError
+from ..agents import sandboxed
+from ..executors import budget, sandbox, uvenv
+from ..gitgate import GitCommandError, GitGate, Worktree, data_files
+from ..ledger import Row
+from ..runner import TrainResult, tail
+from ..step import (INTERRUPTED, Candidate, Context, RunState, conflict_row, memory_gb,
                    now_iso, pending, rebased, rel, repeat_row, train)
 
 Progress = Callable[[str, dict[str, Any]], None]

@@ -11,7 +11,7 @@ import shutil
 from typing import Any, Callable
 
 from . import pricing
-from .errors import ConfigError
+from ..errors import ConfigError
 
 HOW_TO_ENABLE = {
     "codex": "install the codex CLI (npm install -g @openai/codex) and log in",

@@ -1,0 +1,3 @@
+"""A run's lifecycle on disk and in time: opening and resuming a run (`runs`), recovering what a
+killed supervisor left (`recovery`), the one supervisor of child processes (`supervise`), health
+checkpoints (`health`), the stop policy (`stops`) and the fault points of the fault suite (`faults`)."""
