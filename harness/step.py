@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import atomic, decide, disk, events, ledger, prompt, rebase
+from . import atomic, decide, disk, events, ledger, prompt, pysource, rebase
 from .lifecycle import faults
 from .integrity import guard, seal
 from .agents import pricing
@@ -131,7 +131,7 @@ def preflight(ctx: Context) -> str | None:
         if path.endswith(".py"):
             source = (ctx.wt.path / path).read_bytes()
             try:
-                compile(source, path, "exec", dont_inherit=True)
+                pysource.compile_check(source, path)
             except (SyntaxError, ValueError) as e:
                 return f"syntax error in {path}: {e}"[:400]
     return None

@@ -15,6 +15,8 @@ import io
 import re
 import tokenize
 
+from .. import pysource
+
 FIXED = "the data, time budget and evaluation in prepare.py are fixed; improve the model or training in train.py"
 
 # (pattern, what it is) over one added line, comments stripped. RULES hold for every workload;
@@ -154,7 +156,7 @@ def literal_problems(source: str, added: set[int]) -> list[tuple[int, str]]:
     found += [(n, f"joins {pieces} literal strings into one (at most {MAX_PIECES})" + BLOB)
               for n, pieces in _implicit_joins(source, added) if pieces > MAX_PIECES]
     try:
-        tree = ast.parse(source)
+        tree = pysource.parse(source)
     except (SyntaxError, ValueError):  # the training run reports it; the line rules still hold
         return _unique(found)
     total, first, inner = 0, None, set()  # first: the first literal's line; inner: counted already

@@ -10,6 +10,7 @@ import re
 import subprocess
 from pathlib import Path
 
+from .. import pysource
 from ..gitrun import run_git
 
 HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
@@ -56,7 +57,7 @@ def names_at(source: str, lines: set[int]) -> tuple[set[str], set[str]] | None:
     consts: set[str] = set()
     areas: set[str] = set()
     try:
-        tree = ast.parse(source)
+        tree = pysource.parse(source)
     except (SyntaxError, ValueError):
         return None
 
