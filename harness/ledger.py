@@ -230,6 +230,22 @@ def _parse_lines(data: bytes, start: int) -> list[dict[str, Any]]:
     return out
 
 
+def rename_metric(path: Path, metric: str) -> bool:
+    """The metric column's header set to metric (--rebaseline with a corrected metric name: no row
+    has a value under the old one, since no baseline succeeded). True when it changed."""
+    path = Path(path)
+    data = ledgerguard.sync(path)
+    if not data:
+        return False
+    end = data.find(b"\n")
+    header = data[:end].decode("utf-8").split("\t")
+    if len(header) < 2 or header[1] == metric:
+        return False
+    header[1] = metric
+    ledgerguard.replace(path, "\t".join(header).encode("utf-8") + data[end:])
+    return True
+
+
 def metric_name(path: Path) -> str | None:
     if not Path(path).exists():
         return None

@@ -155,6 +155,16 @@ def append(path: Path, data: bytes, current: bytes) -> None:
                           f"Free disk space (or fix the file system), then continue with --resume.") from e
 
 
+def replace(path: Path, data: bytes) -> None:
+    """The harness's own rewrite of the whole ledger (a renamed metric column on --rebaseline): the
+    shadow and its record first, then the ledger, each write-and-rename, so sync() accepts it."""
+    path = Path(path)
+    sync(path)
+    atomic_write(shadow_path(path), data)
+    _save_state(path, data)
+    atomic_write(path, data)
+
+
 # ---------------------------------------------------------------------------
 # The run's other trusted files (run.json, startup.json): written by the harness only, checked on
 # every read against the sha256 the harness recorded when it wrote them.

@@ -56,6 +56,8 @@ def test_a_failed_baseline_is_fixed_in_the_checkout_then_rebaselined(tmp_path):
     keeps = [r for r in rows if r["status"] == "keep"]
     assert keeps[0]["commit"] == final[:12] and keeps[0]["metric"] == 0.7 and keeps[0]["description"] == "baseline"
     assert [r["status"] for r in rows[:3]] == ["crash", "crash", "crash"]  # the failed attempts stay, unused
+    assert ledger.metric_name(path) == "val_loss"  # the header names the metric the run now uses
+    assert path.read_bytes() == ledger.ledgerguard.shadow_path(path).read_bytes()  # its own copy agrees
     assert git(repo, "rev-parse", "autoresearch/n").startswith(keeps[-1]["commit"])
     kinds = [e["kind"] for e in events.read(repo / "runs" / "n")[0]]
     assert kinds.count("rebaseline") == 2

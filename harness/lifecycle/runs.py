@@ -324,9 +324,11 @@ def rebaseline(cfg: RunConfig, gate: GitGate, start: str, manifest: dict[str, An
     with Worktree(cfg.worktree) as wt:
         wt.reset_hard(start)  # the worktree is on the run's branch: it moves with it
     changed, _ = compare_resume(manifest.get("config", {}), cfg)
+    renamed = ledger.rename_metric(cfg.ledger_path, cfg.metric)  # results.tsv's header names the metric now used
     events.record(cfg.run_dir, "rebaseline",
                   f"the baseline starts again from {start[:12]} (was {old[:12]}, which never succeeded)"
-                  + (f"; settings now: {'; '.join(changed)}" if changed else ""))
+                  + (f"; settings now: {'; '.join(changed)}" if changed else "")
+                  + (f"; results.tsv's metric column is now {cfg.metric}" if renamed else ""))
     return start
 
 
