@@ -110,7 +110,8 @@ def work(tmp_path):
 # the built wheel. The tests that start a Ray cluster share one worker too, one after another (a
 # head binds fixed ports besides its own, and two clusters at once would take both cores).
 # First match wins: test_cheats_ray is Ray's. Each other cheat module is a group of its own (its own
-# module-scoped runs), so two of them can run on the two workers at once.
+# module-scoped runs), so two of them can run on the two workers at once; so is any other module
+# whose tests share a module-scoped fixture (_shares_a_module_fixture).
 SERIAL_GROUPS = {"ray": ("test_ray", "test_cheats_ray"), "cheats": ("test_cheats",), "install": ("test_install",)}
 OWN_GROUP = ("test_cheats_",)  # within "cheats": the module's own name is its group
 
@@ -122,5 +123,18 @@ def pytest_collection_modifyitems(config, items):
         group = next((g for g, prefixes in SERIAL_GROUPS.items() if name.startswith(prefixes)), None)
         if group == "cheats" and name.startswith(OWN_GROUP):
             group = name
+        if group is None and _shares_a_module_fixture(item):
+            group = f"module:{item.nodeid.split('::')[0]}"
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _shares_a_module_fixture(item) -> bool:
+    """Does the test use a fixture made once per module (or package) and shared by the module's tests:
+    then its module runs on one worker, in one piece, and the fixture is made once (the rule above
+    for every module, not a list of them)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(d.scope in ("module", "package") for name in item.fixturenames
+               for d in info.name2fixturedefs.get(name, ()))
