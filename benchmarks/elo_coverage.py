@@ -119,10 +119,12 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=600,
                         help="replications of a two-arm cell (more arms: reps * 3 / (arms + 1))")
     parser.add_argument("--bootstrap", action="store_true", help="also the bootstrap over tasks (slow)")
+    parser.add_argument("--methods", nargs="+", choices=sorted(METHODS), default=sorted(METHODS),
+                        help="which posteriors to measure (a cell re-measured with more replications: after)")
     for key, values in GRID.items():
         parser.add_argument(f"--{key}", type=int, nargs="+", default=list(values))
     args = parser.parse_args()
-    methods = {**METHODS, **(BOOTSTRAP if args.bootstrap else {})}
+    methods = {**{k: v for k, v in METHODS.items() if k in args.methods}, **(BOOTSTRAP if args.bootstrap else {})}
     print(f"true strengths ~ N(0, {TRUE_SD:g}) log-odds; {args.reps} replications a two-arm cell; coverage of the "
           f"true Elo over the anchor, and mean width (Elo). before: posterior, pairs weighed 2 / arms, normal "
           f"prior; after: posterior, each task weighed as its ranking warrants, Jeffreys' prior ({POSTERIOR_DRAWS} draws)"

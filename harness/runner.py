@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 from .lifecycle import faults, supervise
 
 if TYPE_CHECKING:
-    from .executors.limits import Cgroup, Limits, Stalls, Watch
+    from .executors.limits import Cgroup, Limits, Watch
 
 # Variables that must never reach the training job (the researcher's code runs there).
 SECRET_RE = re.compile(r"(_API_KEY|_TOKEN|_SECRET|_PASSWORD|_CREDENTIALS?)$|^(AWS_|AZURE_|GH_|GITHUB_TOKEN)", re.I)
@@ -41,6 +41,8 @@ class TrainResult:
     idle_cpus: float | None = None  # mean CPUs the machine left idle while it ran (/proc/stat), of `cpus`
     cpus: int = 0  # the CPUs it could run on
     stall_s: float | None = None  # s its most-delayed thread waited on a run queue (limits.Stalls)
+    gpu_s: float | None = None  # GPU seconds its processes' kernels ran (NVML, gputime.py); None = not measured
+    gpu_others_s: float | None = None  # GPU seconds other processes' kernels ran on its devices meanwhile
     test_metrics: dict = field(default_factory=dict)  # a test job's figure on the test split (never decides)
 
     def value(self, metric: str) -> float | None:
@@ -128,18 +130,21 @@ def kill_group(proc: subprocess.Popen) -> None:
 def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, metric: str,
                  kill_after_s: float, stall_after_s: float | None = None,
                  pass_fds: tuple[int, ...] = (), cancel: threading.Event | None = None,
-                 wrap: Callable[[list[str]], list[str]] | None = None, limits: Limits | None = None) -> TrainResult:
+                 wrap: Callable[[list[str]], list[str]] | None = None, limits: Limits | None = None,
+                 gpu: bool = False) -> TrainResult:
     """Run the job to completion, a crash, the hard deadline, a stall or a bound; never raises for job failures.
 
     A KeyboardInterrupt while waiting (or cancel set, from another thread) kills the job's
     process group and propagates as KeyboardInterrupt. pass_fds are inherited by the job (the
     seal key's pipe). wrap turns the job's argv into the sandbox's (executors/sandbox.py). limits
     (executors/limits.Limits; None = only the log's default cap) bound its memory, processes, disk
-    and log; a job that ran into one is `invalid`, the bound named. The job is started through the
+    and log; a job that ran into one is `invalid`, the bound named. gpu: the job may use a GPU, whose
+    time NVML accounts (gputime.py). The job is started through the
     run's supervisor (supervise.py): it is on disk before it runs, so a resumed supervisor can stop
     a job its killed predecessor left behind.
     """
     from .executors import limits as bounds  # executors/ imports this module: bound here, not at import
+    from .executors.gputime import GpuTime, cgroup_pids
     limits = limits or bounds.Limits()
     argv = shlex.split(command)
     argv = wrap(argv) if wrap is not None else argv
@@ -160,10 +165,15 @@ def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, m
                 return TrainResult("crash", reason=f"could not start the training command: {e}")
         faults.point("during_train")  # tests: the supervisor dies while the job runs
         watch, stalls = bounds.Watch(limits, start, log_path), bounds.Stalls(group)
+        gpu_time = GpuTime(env.get("CUDA_VISIBLE_DEVICES"),
+                           cgroup_pids(group.procs_files() if group else [], proc.pid)) if gpu else None
         try:
-            status, reason = _wait(proc, log_path, watch, start, kill_after_s, stall_after_s, cancel, stalls)
+            status, reason = _wait(proc, log_path, watch, start, kill_after_s, stall_after_s, cancel,
+                                   (stalls, gpu_time) if gpu_time else (stalls,))
         finally:
             kill_group(proc)
+            if gpu_time is not None:
+                gpu_time.close()
             bounds.trim_log(log_path, limits.log_mb)  # head and tail kept, the cut said
         if status is None:  # it exited: did it run into a bound?
             status, reason = _exceeded(proc, group, watch, limits, log_path)
@@ -174,7 +184,8 @@ def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, m
     train_s = time.monotonic() - start
     idle_after = bounds.idle_ticks()
     used = {"cpu_s": cpu_s, "idle_cpus": bounds.idle_cpus(idle_before, idle_after, train_s),
-            "cpus": idle_after[1] if idle_after else 0, "stall_s": stalls.max_s}
+            "cpus": idle_after[1] if idle_after else 0, "stall_s": stalls.max_s,
+            "gpu_s": gpu_time.gpu_s if gpu_time else None, "gpu_others_s": gpu_time.others_s if gpu_time else None}
     if status is not None:
         return TrainResult(status, train_s=train_s, returncode=proc.returncode, reason=reason, **used)
     status, metrics, reason = judge(tail(log_path, RESULT_TAIL_BYTES), proc.returncode, metric)
@@ -194,12 +205,13 @@ def _exceeded(proc: subprocess.Popen, group: Cgroup | None, watch: Watch, limits
 
 def _wait(proc: subprocess.Popen, log_path: Path, watch: Watch, start: float, kill_after_s: float,
           stall_after_s: float | None, cancel: threading.Event | None,
-          stalls: "Stalls | None" = None) -> tuple[str | None, str]:
-    """Poll the job until it exits (None, "") or must be killed: (status, reason)."""
+          samplers: tuple = ()) -> tuple[str | None, str]:
+    """Poll the job until it exits (None, "") or must be killed: (status, reason). samplers
+    (limits.Stalls, gputime.GpuTime) look at it at every poll."""
     last_size, last_change = 0, start
     while True:
-        if stalls is not None:
-            stalls.sample(time.monotonic())
+        for sampler in samplers:
+            sampler.sample(time.monotonic())
         try:  # returns the moment the job exits
             proc.wait(timeout=POLL_S)
             return None, ""

@@ -40,6 +40,7 @@ class Baseline:
     default_allowance_s: float  # s, for a job judged before a baseline run measured one (budget.py)
     allowance_s: float | None = None  # s, the start-up allowance once a baseline run measured it
     baseline_cpu_s: float | None = None  # CPU s per wall s of the baseline's runs (budget.py), once measured
+    baseline_gpu_s: float | None = None  # GPU s of the baseline's runs (NVML; budget.py), once measured
     files: dict[Path, bytes] = field(default_factory=dict, repr=False)  # run.json, startup.json as written
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # lanes check at once: one restores
 
@@ -83,7 +84,8 @@ class Baseline:
         own = _same(commit, self.commit)
         allowance = None if own else (self.allowance_s if self.allowance_s is not None else self.default_allowance_s)
         return {"baseline": self.commit, "protected_sha256": dict(self.protected_sha256), "allowance_s": allowance,
-                "baseline_cpu_s": None if own else self.baseline_cpu_s}
+                "baseline_cpu_s": None if own else self.baseline_cpu_s,
+                "baseline_gpu_s": None if own else self.baseline_gpu_s}
 
 
 def protected_sha256(repo: Repo, commit: str, protected: tuple[str, ...]) -> dict[str, str]:

@@ -67,7 +67,8 @@ def test_a_job_past_the_limit_is_still_invalid_when_the_load_does_not_explain_it
     slept = budget.judge(**over, usage=budget.Usage(cpu_s=18.0, stall_s=2.0, **BUSY))  # waited on purpose
     assert not slept.ok and "waited for a CPU less than the 34.0s it ran past the limit" in slept.reason
     gpu = budget.judge(**over, usage=budget.Usage(cpu_s=18.0, stall_s=40.0, gpu=True, **BUSY))
-    assert not gpu.ok and "wall clock alone: it had a GPU" in gpu.reason
+    assert not gpu.ok and "wall clock alone: the driver (NVML) reported no GPU time" in gpu.reason
+    assert "By its GPU time" in gpu.reason  # a GPU job is never judged by its CPU time
     unaccounted = budget.judge(**over, usage=budget.Usage(stall_s=40.0, **BUSY))
     assert not unaccounted.ok and "no cgroup accounted its CPU time" in unaccounted.reason
 

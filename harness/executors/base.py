@@ -49,6 +49,7 @@ class Job:
     protected_sha256: dict[str, str] = field(default_factory=dict)  # those files' sha256, recorded at the start
     allowance_s: float | None = None  # s, the start-up allowance it is judged by; None = not judged (a baseline run)
     baseline_cpu_s: float | None = None  # the baseline's CPU rate, for a job on a busy machine (budget.py); None = unmeasured
+    baseline_gpu_s: float | None = None  # the baseline's GPU time, for a job on a shared GPU (budget.py); None = unmeasured
 
     @property
     def name(self) -> str:

@@ -15,8 +15,11 @@ seconds per wall second, measured on the baseline's runs) buys in the wall limit
 more work than an honest job could on a quiet machine; and the machine had (almost) no idle CPU,
 and one of its threads waited on a run queue for at least the time it ran past the limit, so
 the wall time went to other work and not to a job that waited on purpose. Busy threads the job
-starts to slow itself count against its CPU time; they earn it nothing. A GPU job is judged by the
-wall clock alone (its work is not CPU time), as is any job where no cgroup accounts its CPU.
+starts to slow itself count against its CPU time; they earn it nothing. A GPU job is judged the
+same way by its GPU time, which the driver accounts (NVML, gputime.py): it passes when its kernels
+ran no longer than the baseline's did (within GPU_MARGIN) and other processes' kernels held its
+devices at least as long as it ran past the limit; a job that idles or works more is still
+`invalid`. Where NVML cannot say, or no cgroup accounts a CPU job, the wall clock alone judges.
 The hard deadline (kill_after) is enforced by the runner as before. The supervisor calibrates
 (runs.calibrate, on the results its executor brought back) and hands the allowance to every
 other job in its Job: a job, local or on a Ray worker, never reads startup.json.
@@ -38,6 +41,7 @@ ALLOWANCE_FACTOR = 1.5  # the baseline's start-up time, times this ...
 ALLOWANCE_EXTRA_S = 2.0  # ... plus this many seconds: start-up varies from run to run
 DEFAULT_ALLOWANCE_S = 60.0  # s, for a job judged before any baseline run of its commit was measured
 IGNORES_FRACTION = 0.25  # over the budget by more than this fraction: not one slow step
+GPU_MARGIN = 1.3  # a job on a shared GPU may use this times the baseline's GPU time
 CPU_MARGIN = 1.3  # a job on a busy machine may use this times the baseline's CPU time (contention alone adds up to ~15%; a model may be larger)
 BUSY_IDLE_FRACTION = 0.15  # of the CPUs: idle on average below this while the job ran = a busy machine
 LOADED_OTHERS_FRACTION = 0.25  # of the CPUs used by other work during a baseline run: its allowance is a loaded one
@@ -65,11 +69,14 @@ class Usage:
     cpus: int = 0  # the CPUs it could run on
     gpu: bool = False  # it had a GPU: its work is not CPU time
     stall_s: float | None = None  # s its most-delayed thread waited on a run queue
+    gpu_s: float | None = None  # GPU seconds of its own kernels (NVML); None = not measured
+    gpu_others_s: float | None = None  # GPU seconds of other processes' kernels on its devices meanwhile
 
     @classmethod
     def of(cls, result, gpu: bool = False) -> "Usage":
         return cls(getattr(result, "cpu_s", None), getattr(result, "idle_cpus", None), getattr(result, "cpus", 0), gpu,
-                   getattr(result, "stall_s", None))
+                   getattr(result, "stall_s", None), getattr(result, "gpu_s", None),
+                   getattr(result, "gpu_others_s", None))
 
 
 def calibrate(state_dir: Path, commit: str, wall_s: float, reported_train_s: float | None,
@@ -87,6 +94,8 @@ def calibrate(state_dir: Path, commit: str, wall_s: float, reported_train_s: flo
         data["allowance_s"] = allowance_of(data["startup_s"])
         if usage.cpu_s is not None:
             data["cpu_s"] = data.get("cpu_s", []) + [round(usage.cpu_s, 3)]
+        if usage.gpu_s is not None:
+            data["gpu_s"] = data.get("gpu_s", []) + [round(usage.gpu_s, 3)]
         if usage.idle_cpus is not None and usage.cpus and usage.cpu_s is not None and wall_s > 0:
             others = max(0.0, usage.cpus - usage.idle_cpus - usage.cpu_s / wall_s)
             data["others_cpus"] = data.get("others_cpus", []) + [round(others, 3)]
@@ -124,10 +133,11 @@ def allowance(state_dir: Path, commit: str) -> float | None:
     return float(data["allowance_s"]) if data and data.get("commit") == commit else None
 
 
-def baseline_cpu_s(state_dir: Path, commit: str) -> float | None:
-    """The most CPU seconds one of commit's baseline runs used; None when not accounted."""
+def baseline_cpu_s(state_dir: Path, commit: str, key: str = "cpu_s") -> float | None:
+    """The most CPU seconds (key="gpu_s": GPU seconds) one of commit's baseline runs used; None when
+    not accounted."""
     data = read(state_dir)
-    used = data.get("cpu_s") if data and data.get("commit") == commit else None
+    used = data.get(key) if data and data.get("commit") == commit else None
     if not (isinstance(used, list) and used and all(isinstance(c, (int, float)) and c > 0 for c in used)):
         return None
     return float(max(used))
@@ -140,16 +150,19 @@ def reported_seconds(metrics: dict) -> float | None:
 
 
 def judge(wall_s: float, time_budget_s: float, allowance_s: float, reported_train_s: float | None,
-          usage: Usage | None = None, baseline_cpu_s: float | None = None) -> Verdict:
-    """Was the job within its budget, by the harness's clock or, for a CPU job on a busy machine,
-    by the CPU time it consumed? Pure. A passing verdict past the wall limit says why in reason."""
+          usage: Usage | None = None, baseline_cpu_s: float | None = None,
+          baseline_gpu_s: float | None = None) -> Verdict:
+    """Was the job within its budget, by the harness's clock or, on a busy machine, by the CPU (or
+    GPU) time it consumed? Pure. A passing verdict past the wall limit says why in reason."""
     slack_s = time_budget_s * SLACK_FRACTION
     limit_s = time_budget_s + slack_s + allowance_s
     if wall_s <= limit_s:
         return Verdict(True, limit_s=limit_s)
-    loaded = loaded_machine(wall_s, limit_s, usage, baseline_cpu_s)
+    loaded = (shared_gpu(wall_s, limit_s, usage, baseline_gpu_s) if usage is not None and usage.gpu
+              else loaded_machine(wall_s, limit_s, usage, baseline_cpu_s))
     if loaded.ok:
         return loaded
+    unit = "GPU" if usage is not None and usage.gpu else "CPU"
     trained_s = wall_s - allowance_s
     over_s = trained_s - time_budget_s
     head = (f"the job ran {wall_s:.1f}s by the harness's clock: about {trained_s:.1f}s of training after the "
@@ -158,12 +171,12 @@ def judge(wall_s: float, time_budget_s: float, allowance_s: float, reported_trai
         return Verdict(False, f"{head}, over by {over_s:.1f}s: more than the {slack_s:.1f}s slack for the last "
                               f"step but under a quarter of the budget, as when one training step takes longer "
                               f"than the slack on a slow machine; raise --time-budget, or make a step shorter. "
-                              f"By its CPU time: {loaded.reason}", limit_s)
+                              f"By its {unit} time: {loaded.reason}", limit_s)
     claim = ""
     if reported_train_s is not None and reported_train_s <= time_budget_s * (1 + SLACK_FRACTION):
         claim = f"; it reported training_seconds {reported_train_s:.1f}, which the harness does not believe"
     return Verdict(False, f"{head}, over by {over_s:.1f}s (more than a quarter of the budget): the code does not "
-                          f"stop when HARNESS_TIME_BUDGET is spent{claim}. By its CPU time: {loaded.reason}", limit_s)
+                          f"stop when HARNESS_TIME_BUDGET is spent{claim}. By its {unit} time: {loaded.reason}", limit_s)
 
 
 def loaded_machine(wall_s: float, limit_s: float, usage: Usage | None, baseline_cpu_s: float | None) -> Verdict:
@@ -171,9 +184,8 @@ def loaded_machine(wall_s: float, limit_s: float, usage: Usage | None, baseline_
     CPU_MARGIN), the machine had no idle CPU to give it, and its threads waited for a CPU at least
     as long as it ran past the limit (module docstring); else not ok, with the figures in reason
     for the wall-clock verdict to add. Pure."""
-    if usage is None or usage.gpu or usage.cpu_s is None or not baseline_cpu_s:
-        why = ("it had a GPU, whose work is not CPU time" if usage is not None and usage.gpu else
-               "no cgroup accounted its CPU time" if usage is None or usage.cpu_s is None else
+    if usage is None or usage.cpu_s is None or not baseline_cpu_s:
+        why = ("no cgroup accounted its CPU time" if usage is None or usage.cpu_s is None else
                "the baseline's CPU time was not measured")
         return Verdict(False, f"judged by the wall clock alone: {why}", limit_s)
     allowed_cpu_s = baseline_cpu_s * CPU_MARGIN
@@ -198,3 +210,27 @@ def loaded_machine(wall_s: float, limit_s: float, usage: Usage | None, baseline_
                          f"CPU-s (the baseline used {baseline_cpu_s:.1f}); not held against it. It trained fewer "
                          f"steps than on a quiet machine: raise --time-budget or --kill-after, or run on a quieter "
                          f"machine", limit_s)
+
+
+def shared_gpu(wall_s: float, limit_s: float, usage: Usage, baseline_gpu_s: float | None) -> Verdict:
+    """A GPU job past the wall limit: ok when its kernels ran no longer than the baseline's (within
+    GPU_MARGIN) and other processes' kernels held its devices at least as long as it ran past the
+    limit (NVML, gputime.py); else not ok, the figures in reason. Pure."""
+    if usage.gpu_s is None or usage.gpu_others_s is None or not baseline_gpu_s:
+        why = ("the driver (NVML) reported no GPU time for it" if usage.gpu_s is None else
+               "the baseline's GPU time was not measured")
+        return Verdict(False, f"judged by the wall clock alone: {why}", limit_s)
+    figures = f"its kernels ran {usage.gpu_s:.1f} GPU-s against the baseline's {baseline_gpu_s:.1f}"
+    if usage.gpu_s > baseline_gpu_s * GPU_MARGIN:
+        return Verdict(False, f"{figures}: more work than the baseline did, so the extra time is not another's "
+                              f"(a larger model on a shared GPU looks the same: run it on a GPU of its own)", limit_s)
+    over_s = wall_s - limit_s
+    if usage.gpu_others_s < over_s:
+        return Verdict(False, f"{figures}, but other processes' kernels held its GPU only {usage.gpu_others_s:.1f}s, "
+                              f"less than the {over_s:.1f}s it ran past the limit, so the extra time is the job's own",
+                       limit_s)
+    return Verdict(True, f"the GPU was shared: other processes' kernels held it {usage.gpu_others_s:.1f}s while this "
+                         f"job ran {over_s:.1f}s past the {limit_s:.1f}s wall limit on {usage.gpu_s:.1f} GPU-s (the "
+                         f"baseline used {baseline_gpu_s:.1f}); not held against it. It trained fewer steps than on a "
+                         f"GPU of its own: raise --time-budget or --kill-after, or give the run a GPU to itself",
+                   limit_s)

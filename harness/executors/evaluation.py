@@ -144,12 +144,12 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
           cancel: threading.Event | None = None, gpu: str | None = None,
           job_env: dict[str, str] | None = None, baseline: str = "",
           protected_sha256: dict[str, str] | None = None, allowance_s: float | None = None,
-          baseline_cpu_s: float | None = None) -> TrainResult:
+          baseline_cpu_s: float | None = None, baseline_gpu_s: float | None = None) -> TrainResult:
     """Train the code in worktree once, sandboxed; the metric from the separate evaluation if any.
 
     gpu: the executor slot's GPU (CUDA_VISIBLE_DEVICES); job_env: more variables for the job
     (the tracker's HARNESS_RUN, HARNESS_ITERATION, HARNESS_COMMIT); baseline, protected_sha256,
-    allowance_s, baseline_cpu_s: the run's trusted baseline as the Job carries it (executors/base.py)."""
+    allowance_s, baseline_cpu_s, baseline_gpu_s: the run's trusted baseline as the Job carries it (executors/base.py)."""
     worktree = Path(worktree)
     base = baseline_commit(cfg, worktree, baseline, protected_sha256 or {})
     if isinstance(base, TrainResult):
@@ -168,6 +168,7 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
         extra["HARNESS_MAX_STEPS"] = str(cfg.max_steps)
     if gpu is not None:  # the executor slot's GPU
         extra["CUDA_VISIBLE_DEVICES"] = gpu
+    on_gpu = has_gpu(extra.get("CUDA_VISIBLE_DEVICES"))
     readonly = [worktree / ".git"]  # the job may not point the worktree at another repository
     if cfg.train_data_command:
         data_dir = export_training_data(cfg, worktree, where, base, choice, log_path, cancel)
@@ -198,7 +199,8 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
         result = run_training(cfg.train_command, worktree, env, log_path, cfg.metric, kill_after_s=cfg.kill_after,
                               stall_after_s=cfg.stall_after_min * 60, pass_fds=ch.fds, cancel=cancel, wrap=wrap,
                               limits=limits.of(cfg, where).watching(private_tmp=space.tmp, output_folder=space.out,
-                                                                    worktree=worktree))
+                                                                    worktree=worktree),
+                              gpu=on_gpu)
     if choice.on:  # what the job wrote, where the legacy checks look
         copy_job_file(space.out / "result.json", result_file)
     if result.status == "crash" and disk.job_hit_it(space.root):  # before its files go
@@ -210,7 +212,7 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
     elif result.status != "invalid":  # a bound the job ran into (limits.py) stays its verdict
         result = seal.judge(result, result_file, ch.key, cfg.metric, cfg.time_budget)
     result = guard.after_training(cfg.run_dir, worktree, cfg.protected, result)
-    judged = within_budget(cfg, result, allowance_s, baseline_cpu_s, has_gpu(extra.get("CUDA_VISIBLE_DEVICES")))
+    judged = within_budget(cfg, result, allowance_s, baseline_cpu_s, on_gpu, baseline_gpu_s)
     if judged.reason != result.reason:  # the whole verdict, figures included, where the row's cut one points
         with open(log_path, "a", encoding="utf-8") as log:
             log.write(f"\nharness: {judged.reason}\n")
@@ -257,7 +259,7 @@ def job_outcome(result: TrainResult, log_path: Path) -> TrainResult:
 
 
 def within_budget(cfg: RunConfig, result: TrainResult, allowance_s: float | None, baseline_cpu_s: float | None = None,
-                  gpu: bool = False) -> TrainResult:
+                  gpu: bool = False, baseline_gpu_s: float | None = None) -> TrainResult:
     """Judged by the start-up allowance and CPU rate the supervisor measured on the baseline
     (budget.py). A baseline run (allowance None) is not judged: the supervisor calibrates on its
     result. A job let off for a busy machine keeps its reason, and the run's events say so."""
@@ -265,7 +267,7 @@ def within_budget(cfg: RunConfig, result: TrainResult, allowance_s: float | None
         return result
     reported = budget.reported_seconds(result.metrics)
     verdict = budget.judge(result.train_s, cfg.time_budget, allowance_s, reported, budget.Usage.of(result, gpu),
-                           baseline_cpu_s)
+                           baseline_cpu_s, baseline_gpu_s)
     if verdict.ok and verdict.reason:
         events.record(cfg.run_dir, "loaded_machine", verdict.reason)
         return replace(result, reason=verdict.reason)

@@ -40,7 +40,7 @@ def train_once(cfg: RunConfig, worktree: Path, log_path: Path, seed: int, gpu: s
 def trusted_fields(job: Job) -> dict[str, Any]:
     """What a job carries of the run's trusted baseline, as train_once takes it."""
     return {"baseline": job.baseline, "protected_sha256": dict(job.protected_sha256), "allowance_s": job.allowance_s,
-            "baseline_cpu_s": job.baseline_cpu_s}
+            "baseline_cpu_s": job.baseline_cpu_s, "baseline_gpu_s": job.baseline_gpu_s}
 
 
 @dataclass

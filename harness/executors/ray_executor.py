@@ -335,7 +335,7 @@ class RayExecutor(ThreadedExecutor):
         token = uuid.uuid4().hex
         spec = {"token": token, "seed": job.seed, "iteration": job.iteration, "commit": job.commit,
                 "protected_sha256": dict(job.protected_sha256), "allowance_s": job.allowance_s,
-                "baseline_cpu_s": job.baseline_cpu_s, "fault": faults.ray_raise()}
+                "baseline_cpu_s": job.baseline_cpu_s, "baseline_gpu_s": job.baseline_gpu_s, "fault": faults.ray_raise()}
         opts = ray_options(self.resources)
         if node_id is not None:
             opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)

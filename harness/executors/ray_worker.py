@@ -152,7 +152,8 @@ def run_job(archive: Any, baseline: Any, cfg: RunConfig, spec: dict[str, Any]) -
         wcfg = replace(cfg, run_root=folder / "run", repo=tree)
         log = folder / "run" / "job.log"
         trusted = {"baseline": base, "protected_sha256": spec.get("protected_sha256") or {},
-                   "allowance_s": spec.get("allowance_s"), "baseline_cpu_s": spec.get("baseline_cpu_s")}  # the supervisor's figures, as a local job gets them
+                   "allowance_s": spec.get("allowance_s"), "baseline_cpu_s": spec.get("baseline_cpu_s"),
+                   "baseline_gpu_s": spec.get("baseline_gpu_s")}  # the supervisor's figures, as a local job gets them
         result = yield from _train(wcfg, tree, log, spec, trusted)
         changed = _changed(tree, pristine, cfg.protected)
         if changed and result.status != "invalid":

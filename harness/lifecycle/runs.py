@@ -160,7 +160,7 @@ def trusted_baseline(cfg: RunConfig, wt: Worktree, base: str, manifest: dict[str
         raise RepoError(f"refusing to resume: {problem}. The run's trusted state does not match its branch "
                         f"{cfg.branch}; start a new run from it: harness run --tag NEW --from {cfg.branch}")
     state = trust.Baseline(base, hashes, budget.DEFAULT_ALLOWANCE_S, budget.allowance(cfg.run_dir, base),
-                           budget.baseline_cpu_s(cfg.run_dir, base))
+                           budget.baseline_cpu_s(cfg.run_dir, base), budget.baseline_cpu_s(cfg.run_dir, base, "gpu_s"))
     measured = any(r.get("iteration") == 0 and r.get("status") == "keep" for r in ledger.read_rows(cfg.ledger_path))
     if measured and state.allowance_s is None:
         raise RepoError(f"{cfg.run_dir / budget.FILE} (the start-up allowance measured on the baseline) is missing "
@@ -176,6 +176,7 @@ def calibrate(ctx: Context, result: TrainResult) -> None:
                                                    budget.reported_seconds(result.metrics), ctx.cfg.time_budget,
                                                    budget.Usage.of(result))
         ctx.trusted.baseline_cpu_s = budget.baseline_cpu_s(ctx.cfg.run_dir, ctx.trusted.commit)
+        ctx.trusted.baseline_gpu_s = budget.baseline_cpu_s(ctx.cfg.run_dir, ctx.trusted.commit, "gpu_s")
         ctx.trusted.hold(ctx.cfg.run_dir / budget.FILE)
 
 
