@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from common import ROOT  # noqa: F401  (puts the repo root on sys.path)
 from gate_simulation import effects
 
-from harness.decide import pooled_sigma  # noqa: E402
+from harness.driver.decide import pooled_sigma  # noqa: E402
 
 HEALTH_EVERY = 25
 

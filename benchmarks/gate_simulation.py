@@ -22,7 +22,8 @@ from pathlib import Path
 
 from common import ROOT, make_repo  # noqa: E402  (puts the repo root on sys.path)
 
-from harness import driver, ledger  # noqa: E402
+from harness.driver import loop as driver  # noqa: E402
+from harness import ledger  # noqa: E402
 from harness.agents import Proposal  # noqa: E402
 from harness.config import resolve  # noqa: E402
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness import driver, ledger  # noqa: E402
+from harness.driver import loop as driver  # noqa: E402
+from harness import ledger  # noqa: E402
 from harness.config import resolve  # noqa: E402
 
 from overhead import TRAIN, InstantResearcher, make_repo  # noqa: E402

@@ -25,7 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from harness import driver, ledger  # noqa: E402
+from harness.driver import loop as driver  # noqa: E402
+from harness import ledger  # noqa: E402
 from harness.config import resolve  # noqa: E402
 from conftest import make_repo  # noqa: E402
 from fakes.openai_server import Reply, ScriptedServer, approx_tokens, lower_value  # noqa: E402

@@ -15,17 +15,19 @@ from rich.text import Text
 
 import sys
 
-from . import __version__, ledgerguard
+from . import __version__
+from .ledger import guard as ledgerguard
 from .agents import backends
 from .lazy import lazy_function, lazy_module
 
 # Loaded on first use: `harness elo`, `report` and `--help` need none of the run machinery.
 driver, pipeline_mod, rerun_mod, runs, status_mod, trainenv, track_mod = (
-    lazy_module(f"harness.{m}") for m in ("driver", "pipeline", "rerun", "lifecycle.runs", "reporting.status", "trainenv", "track"))
+    lazy_module(f"harness.{m}") for m in ("driver.loop", "driver.pipeline", "commands.rerun", "lifecycle.runs",
+                                         "reporting.status", "workload.trainenv", "track"))
 from .cli_display import Display, Watched, agent_label, literal, summary_text
 from .config import read_repo_settings, resolve, with_run_settings
 from .errors import HarnessError
-default_tag, init_example, init_repo = (lazy_function("harness.initrepo", f)  # initrepo imports GitPython
+default_tag, init_example, init_repo = (lazy_function("harness.commands.initrepo", f)  # initrepo imports GitPython
                                         for f in ("default_tag", "init_example", "init_repo"))
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)  # a log line is never cut in two
@@ -318,7 +320,7 @@ def check(repo, tag, resume, hours, **flags):
     Prints the researcher's latency, tokens and cost per call, the training time, and the
     projected iterations and cost for --hours.
     """
-    from . import check as check_mod
+    from .commands import check as check_mod
     cfg = build_config(repo, tag or "check", **flags)
     say(f"checking {cfg.agent} {cfg.model or ''}: one researcher call, then one baseline run ...")
     try:  # each stage's lines as soon as it passed: a later failure does not hide them
@@ -443,8 +445,8 @@ def ab(repo, tag, resume, agent, model, agent_a, agent_b, model_a, model_b, arm_
     Two arms (--model-a/--model-b), or a tournament: --arm two or more times, --repeats R,
     --workload for more repos; then `harness elo runs/<tag>` rates the arms across tasks.
     """
-    from . import ab as ab_mod
-    from .arms import parse_arm
+    from .commands import ab as ab_mod
+    from .commands.arms import parse_arm
 
     options = {k: flags.pop(k) for k in AGENT_OPTIONS if k in flags}
     flags["agent_options"] = {k: v for k, v in options.items() if given(v)} or None
@@ -484,7 +486,7 @@ def ab_watched(repo: Path, tag: str, arms: dict[str, tuple[str | None, str | Non
                flags: dict[str, Any], repeats: int = 1) -> list[Watched]:
     """The arms (or a tournament's units) as the screen shows them: labelled by model and
     researcher, not a/b."""
-    from .ab import unit_name
+    from .commands.ab import unit_name
     from .agents.pricing import resolve_model
     settings, _ = read_repo_settings(Path(repo))
     setup_path = Path(repo).resolve() / "runs" / tag / "ab.json"

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from . import settings as schema
-from .decide import GateSettings
+from .driver.decide import GateSettings
 from .errors import ConfigError
 from .settings import CLI, RECORDED, REFUSED, Bad, Choice, Flag, Number, Resources, Setting, Strings, Text, Tracker
 from .settings import declare as _declare

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from harness import ab, ledger
+from harness.commands import ab
+from harness import ledger
 from harness.reporting import report
 from harness.agents import Proposal, Usage
 from harness.cli import main

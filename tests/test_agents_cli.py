@@ -165,7 +165,7 @@ def test_cmd_template_with_a_json_usage_line(repo: Path, tmp_path: Path):
 
 def test_bad_researcher_reports_are_unknown_with_an_event_and_garbage_is_not_printed(repo: Path, tmp_path: Path):
     """A cost of -5 would lower the run's spend under --max-cost; "lots" of tokens is no count."""
-    from harness import events
+    from harness.ledger import events
     agent = tmp_path / "liar.py"
     agent.write_text(
         "import json, re\n"
@@ -289,7 +289,7 @@ def test_executable_args_and_base_url_from_the_repo_file_and_the_command_line(re
 
 def test_a_cli_researcher_at_a_local_base_url_is_not_pipelined_by_default(repo: Path):
     from harness.config import resolve
-    from harness.pipeline import pipeline_default
+    from harness.driver.pipeline import pipeline_default
     for agent in ("codex", "claude", "gemini"):
         local = resolve(repo, "t", {"agent": agent, "agent_options": {"base_url": "http://127.0.0.1:8000/v1"}})
         assert pipeline_default(local)[0] is False, agent  # the model may share the training GPU

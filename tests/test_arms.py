@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.arms import ArmSpec, parse_arm, parse_arms
+from harness.commands.arms import ArmSpec, parse_arm, parse_arms
 from harness.errors import ConfigError
 
 

@@ -9,7 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import ab, atomic, ledgerguard, step
+from harness.commands import ab
+from harness.ledger import atomic, guard as ledgerguard
+from harness.driver import step
 from harness.lifecycle import stops, supervise
 from harness.agents.gemini import GeminiResearcher
 from harness.config import RunConfig

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import config, events
+from harness import config
+from harness.ledger import events
 from harness.cli import main as cli_main
 from harness.config import SETTINGS, RunConfig, compare_resume, resolve
 from harness.errors import ConfigError

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import driver, ledger
+from harness.driver import loop as driver
+from harness import ledger
 from harness.agents import Proposal, Usage
 from harness.config import resolve
 

@@ -8,10 +8,11 @@ import subprocess
 
 import pytest
 
-from harness import driver, ledger
+from harness.driver import loop as driver
+from harness import ledger
 from harness.agents import Proposal
 from harness.config import resolve
-from harness.disk import DiskFull
+from harness.lifecycle.disk import DiskFull
 
 from conftest import FAKE_TRAIN, ScriptedResearcher, make_repo, set_globals
 

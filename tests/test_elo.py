@@ -526,7 +526,7 @@ def test_cli_elo_starts_without_the_run_machinery_scipy_or_matplotlib(tmp_path: 
     tournament(tmp_path / "t", FOUR[:2], workloads=1, repeats=3, seed=4)
     probe = ("import sys\nfrom harness.cli import main\n"
              f"main(['elo', {str(tmp_path / 't')!r}, '--bootstrap', '50'], standalone_mode=False)\n"
-             "heavy = ('scipy', 'matplotlib', 'sklearn', 'harness.step', 'harness.executors', 'harness.agents.openai_api', "
+             "heavy = ('scipy', 'matplotlib', 'sklearn', 'harness.driver.step', 'harness.executors', 'harness.agents.openai_api', "
              "'harness.agents.process', 'harness.agents.sandboxed', 'harness.agents.codex')\n"
              "print('LOADED', sorted(m for m in heavy if m in sys.modules))\n")
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,

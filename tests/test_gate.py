@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import decide, ledger, driver
+from harness.driver import decide, loop as driver
+from harness import ledger
 from harness.config import resolve
-from harness.decide import GateSettings
+from harness.driver.decide import GateSettings
 
 from conftest import ScriptedResearcher, git
 from test_cli import harness

@@ -175,7 +175,7 @@ def test_init_example_says_what_to_install(tmp_path: Path, torch_version, others
     ("bash train.sh", None), ("torchrun --nproc-per-node 2 train.py", None), ("python 'train.py", None),
 ])
 def test_the_probe_runs_in_the_training_commands_interpreter(command: str, probe):
-    from harness import trainenv
+    from harness.workload import trainenv
     argv = trainenv.probe_argv(command)
     assert (argv if argv is None else argv[:-1]) == probe
     if argv is not None:

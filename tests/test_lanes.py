@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import driver, ledger
+from harness.driver import loop as driver
+from harness import ledger
 from harness.agents import Proposal
 from harness.config import resolve
 from harness.errors import ConfigError

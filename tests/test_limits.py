@@ -14,7 +14,7 @@ import pytest
 
 from harness.config import resolve
 from harness.executors import evaluation, limits
-from harness.runner import TrainResult, run_training
+from harness.workload.runner import TrainResult, run_training
 
 from conftest import git, make_repo
 

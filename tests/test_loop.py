@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from harness import ledger, driver
+from harness import ledger
+from harness.driver import loop as driver
 from harness.agents import Proposal
 from harness.config import resolve
 from harness.errors import RepoError
 from harness.gitgate import GitGate
-from harness.step import Context
+from harness.driver.step import Context
 
 from conftest import ScriptedResearcher, git
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import ledger, prompt
+from harness import ledger
+from harness.driver import prompt
 from harness.agents.mutate import apply_change, find_knobs, fmt, perturb
-from harness.runner import judge, parse_summary
+from harness.workload.runner import judge, parse_summary
 
 OUTPUT = """step 100 loss 2.1
 ---

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import ledger, driver, pipeline
+from harness import ledger
+from harness.driver import loop as driver, pipeline
 from harness.agents import Proposal
 from harness.config import resolve
 

@@ -16,12 +16,14 @@ import pytest
 
 pytest.importorskip("ray", reason="ray is not installed: pip install -e '.[ray]'")
 
-from harness import driver, ledger, trust  # noqa: E402
+from harness.driver import loop as driver  # noqa: E402
+from harness import ledger  # noqa: E402
+from harness.ledger import trust  # noqa: E402
 from harness.config import resolve  # noqa: E402
 from harness.executors import Job  # noqa: E402
 from harness.executors.ray_executor import RayExecutor  # noqa: E402
 from harness.gitgate import GitGate  # noqa: E402
-from harness.initrepo import init_example  # noqa: E402
+from harness.commands.initrepo import init_example  # noqa: E402
 
 from conftest import ScriptedResearcher, git, make_repo, set_globals  # noqa: E402
 from raycluster import LocalCluster  # noqa: E402

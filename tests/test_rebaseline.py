@@ -7,7 +7,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from harness import events, ledger
+from harness.ledger import events
+from harness import ledger
 from harness.cli import main
 
 from conftest import git, make_repo

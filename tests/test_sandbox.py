@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import events, ledger
+from harness.ledger import events
+from harness import ledger
 from harness.executors import sandbox, view
 
 needs_bwrap = pytest.mark.skipif(not sandbox.probe(sandbox.bwrap_path()).works,

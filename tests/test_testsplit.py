@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import driver, ledger, testsplit
+from harness.driver import loop as driver
+from harness import ledger
+from harness.workload import testsplit
 from harness.config import resolve
-from harness.initrepo import init_example
+from harness.commands.initrepo import init_example
 
 from conftest import FAKE_TRAIN, ScriptedResearcher, git, make_repo
 from fakes.helpers import harness

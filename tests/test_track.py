@@ -19,7 +19,8 @@ import pytest
 from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
-from harness import events, ledger
+from harness.ledger import events
+from harness import ledger
 from harness.cli import main
 from harness.track.records import build
 

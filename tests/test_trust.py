@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import driver, events, ledger, ledgerguard, trust
+from harness.driver import loop as driver
+from harness.ledger import events, guard as ledgerguard, trust
+from harness import ledger
 from harness.config import resolve
 from harness.errors import RepoError
 from harness.executors import budget, train_once

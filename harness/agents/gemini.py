@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .. import atomic
+from ..ledger import atomic
 from .base import KEY_VARS, Task, Usage, json_object, last_line
 from .cli import CLIOutput, CLIResearcher
 

@@ -28,7 +28,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import events
+from ..ledger import events
 from ..errors import AgentError, ConfigError
 from ..executors import sandbox, view
 from ..gitgate import data_files

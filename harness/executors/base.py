@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..config import RunConfig
-from ..runner import TrainResult
+from ..workload.runner import TrainResult
 
 
 class Cancel:
@@ -102,7 +102,7 @@ def join_bounded(threads: list[threading.Thread], timeout_s: float, folder: Path
         t.join(max(0.0, deadline - time.monotonic()))
     hung = [t.name for t in threads if t.is_alive()]
     if hung:
-        from .. import events
+        from ..ledger import events
         try:
             events.record(folder, "hung_thread", f"{len(hung)} {what} thread(s) did not end within {timeout_s:g} s "
                                                  f"of the stop and were left: {', '.join(hung)}", threads=hung)

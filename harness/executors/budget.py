@@ -32,7 +32,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import ledgerguard
+from ..ledger import guard as ledgerguard
 from ..errors import RepoError
 
 FILE = "startup.json"  # in the run folder: the calibration, never visible to a job, checked on every read

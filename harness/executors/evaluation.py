@@ -30,11 +30,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import disk, events, trust
+from ..lifecycle import disk
+from ..ledger import events, trust
 from ..integrity import guard, seal
 from ..config import RunConfig
 from ..gitgate import Worktree
-from ..runner import RESULT_TAIL_BYTES, TrainResult, run_training, tail, training_env
+from ..workload.runner import RESULT_TAIL_BYTES, TrainResult, run_training, tail, training_env
 from . import budget, limits, sandbox, uvenv, view
 
 # Caches that tools write under $HOME, sent to the private /tmp (the home is not in the sandbox's view).

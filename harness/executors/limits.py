@@ -29,7 +29,7 @@ import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .. import atomic
+from ..ledger import atomic
 
 MB = 1 << 20  # bytes
 MEMORY_FRACTION = 0.5  # of MemTotal, per job: a runaway job leaves the machine (and its supervisor) alive

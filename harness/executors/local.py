@@ -18,7 +18,7 @@ from typing import Any
 from .. import track
 from ..config import RunConfig
 from ..gitgate import GitGate, Worktree
-from ..runner import TrainResult
+from ..workload.runner import TrainResult
 from . import evaluation
 from .base import Job, JobFuture, ThreadedExecutor, join_bounded
 

@@ -38,11 +38,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .. import atomic, events, trust
+from ..ledger import atomic, events, trust
 from ..lifecycle import faults
 from ..gitgate import open_repo
 from ..errors import ClusterError, ClusterGone
-from ..runner import TrainResult
+from ..workload.runner import TrainResult
 from . import ray_worker
 from .ray_cluster import archive, connect, fits, grace_s, import_ray, ray_options
 from .base import Job, JobFuture, ThreadedExecutor, begin, join_bounded, settle

@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any, Generator, Iterator
 
 from ..lifecycle import faults, supervise
-from ..events import NAME as EVENTS
+from ..ledger.events import NAME as EVENTS
 from ..config import RunConfig
 from ..gitgate import run_git
-from ..runner import TrainResult, training_env
+from ..workload.runner import TrainResult, training_env
 from .base import join_bounded
 from .local import train_once
 

@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..runner import TrainResult, run_training, tail
+from ..workload.runner import TrainResult, run_training, tail
 from . import view
 
 DEFAULT_SETUP = "uv sync --frozen"

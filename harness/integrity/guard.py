@@ -17,9 +17,9 @@ import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .. import events
+from ..ledger import events
 from ..gitgate import Worktree, run_git
-from ..runner import TrainResult
+from ..workload.runner import TrainResult
 
 OTHER_RUNS = "refs/heads/autoresearch/"  # other runs' and A/B arms' branches move on their own
 TRIED_REFS = "refs/autoresearch/"  # the harness's refs of evaluated candidates (other lanes add theirs)

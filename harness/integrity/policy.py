@@ -15,7 +15,7 @@ import io
 import re
 import tokenize
 
-from .. import pysource
+from . import pysource
 
 FIXED = "the data, time budget and evaluation in prepare.py are fixed; improve the model or training in train.py"
 

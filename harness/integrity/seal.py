@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
-from ..runner import TrainResult
+from ..workload.runner import TrainResult
 
 BUDGET_TOLERANCE = 0.05  # training_seconds may exceed the budget by this fraction (the last step)
 MARKER = b"HARNESS_SEAL"  # a protected file that mentions it speaks the seal protocol

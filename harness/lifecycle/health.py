@@ -18,9 +18,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .. import decide, events, ledger, ledgerguard, track
+from ..driver import decide
+from ..ledger import events, guard as ledgerguard
+from .. import ledger, track
 from ..ledger import Row
-from ..step import Context, RunState, repeat_row, train
+from ..driver.step import Context, RunState, repeat_row, train
 
 FAILED = ("crash", "timeout", "invalid")
 FAILURE_RATE = 0.30  # of a checkpoint's window

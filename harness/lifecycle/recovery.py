@@ -23,7 +23,7 @@ LOCK_NAME = "supervisor.lock"
 
 def on_resume(run_dir: Path) -> None:
     """Before a resumed run touches its worktrees: stop what the killed supervisor left running."""
-    from .. import events
+    from ..ledger import events
     for what in supervise.reap(run_dir):
         events.record(run_dir, "orphan_killed", f"stopped a process left running by the previous supervisor ({what})")
 

@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 
-from .. import __version__, decide, events, ledger, ledgerguard, trainenv, trust
+from .. import __version__, ledger
+from ..driver import decide
+from ..ledger import events, guard as ledgerguard, trust
+from ..workload import trainenv
 from ..agents import pricing
 from ..integrity import seal
 from ..reporting import figures
@@ -29,9 +32,9 @@ from ..agents import sandboxed
 from ..executors import budget, sandbox, uvenv
 from ..gitgate import GitCommandError, GitGate, Worktree, data_files
 from ..ledger import Row
-from ..runner import TrainResult, tail
-from ..step import (INTERRUPTED, Candidate, Context, RunState, conflict_row, memory_gb,
-                   now_iso, pending, rebased, rel, repeat_row, train)
+from ..workload.runner import TrainResult, tail
+from ..driver.step import (INTERRUPTED, Candidate, Context, RunState, conflict_row, memory_gb, now_iso,
+    pending, rebased, rel, repeat_row, train)
 
 Progress = Callable[[str, dict[str, Any]], None]
 

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import atomic, ledger
+from ..ledger import atomic
+from .. import ledger
 from ..agents import pricing
 from ..config import RunConfig
 from ..ledger import Row

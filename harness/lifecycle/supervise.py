@@ -29,7 +29,7 @@ from typing import Any, Iterator
 
 import psutil
 
-from .. import atomic
+from ..ledger import atomic
 
 TOKEN_VAR = "HARNESS_PROC"
 RUN_VAR = "HARNESS_SUPERVISOR"

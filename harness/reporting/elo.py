@@ -17,7 +17,8 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from .. import decide, ledger
+from ..driver import decide
+from .. import ledger
 from . import elo_data, elo_fit, repeats
 from .elo_data import BUDGETS, EloInputError, Task
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import decide, ledger
+from ..driver import decide
+from .. import ledger
 from ..errors import HarnessError
 
 AB_POSITIONAL = {"a", "b"}  # the A/B's arm folders: positions, not names worth comparing across runs

@@ -15,13 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from ..executors import sandbox
-from .. import decide, events, ledger
+from ..driver import decide
+from ..ledger import events
+from .. import ledger
 from ..agents import spend
 from . import figures
 from ..errors import HarnessError
 from ..gitrun import run_git
 from .report_diff import changed_names
-from .. import testsplit
+from ..workload import testsplit
 from . import repeats, report_verdict
 
 FAILED = ("crash", "timeout", "invalid")

@@ -10,7 +10,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from .. import pysource
+from ..integrity import pysource
 from ..gitrun import run_git
 
 HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from .. import testsplit
+from ..workload import testsplit
 from . import elo_render
 
 STATUS_COLORS = {"keep": "#2ca02c", "discard": "#ff7f0e", "crash": "#d62728", "timeout": "#9467bd",

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import decide
+from ..driver import decide
 from . import figures
 
 BOOTSTRAP_DRAWS = 10_000

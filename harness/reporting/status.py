@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import decide, events, ledger
+from ..driver import decide
+from ..ledger import events
+from .. import ledger
 from ..agents import spend
 from . import figures
 from ..errors import HarnessError
 from ..lifecycle.recovery import LOCK_NAME
-from ..step import pending
+from ..driver.step import pending
 
 ARM_NAMES = ("a", "b")
 

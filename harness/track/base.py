@@ -123,7 +123,7 @@ def _sync(info: RunInfo, tracker: Tracker) -> SyncResult:
         parent = done.get(rec.parent_key) if rec.parent_key else None
         done[rec.key] = tracker.log(rec, parent, _diff(info, rec))
         logged += 1
-    from ..testsplit import tracker_records  # the private test split's figures (test_scores.tsv)
+    from ..workload.testsplit import tracker_records  # the private test split's figures (test_scores.tsv)
 
     for rec in tracker_records(info.run_dir, info.tag, info.metric):
         if rec.key not in done:

@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from .. import events
+from ..ledger import events
 from .base import SyncResult, Tracker, run_info, sync_run
 
 RETRY_S = 60.0  # s between retries while the tracker fails

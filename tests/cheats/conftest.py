@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from harness.agents import Proposal
-from harness.initrepo import init_example
+from harness.commands.initrepo import init_example
 
 TIME_BUDGET_S = 4  # s, the harness's budget; the cheats that overrun it train 4x that
 MAX_STEPS = 3  # honest runs stop here, in well under the budget

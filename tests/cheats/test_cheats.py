@@ -10,7 +10,8 @@ from collections import Counter
 
 import pytest
 
-from harness import ledger, driver
+from harness import ledger
+from harness.driver import loop as driver
 from harness.config import resolve
 
 from conftest import ScriptedResearcher, git

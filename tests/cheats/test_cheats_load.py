@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from harness import driver, ledger
+from harness.driver import loop as driver
+from harness import ledger
 from harness.agents import Proposal
 from harness.config import resolve
 from harness.executors import budget, limits

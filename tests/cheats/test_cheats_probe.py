@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import driver, ledger
+from harness.driver import loop as driver
+from harness import ledger
 from harness.config import resolve
 
 from conftest import ScriptedResearcher, git

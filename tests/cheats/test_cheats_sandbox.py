@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import driver, ledger
+from harness.driver import loop as driver
+from harness import ledger
 from harness.config import resolve
 from harness.executors import sandbox
 

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import driver, events, ledger, ledgerguard
+from harness.driver import loop as driver
+from harness.ledger import events, guard as ledgerguard
+from harness import ledger
 from harness.config import resolve
 from harness.errors import RepoError
 

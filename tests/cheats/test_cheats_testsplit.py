@@ -21,7 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import driver, ledger, testsplit
+from harness.driver import loop as driver
+from harness import ledger
+from harness.workload import testsplit
 from harness.config import resolve
 
 from conftest import git

@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import ledger, ledgerguard
+from harness import ledger
+from harness.ledger import guard as ledgerguard
 
 from conftest import FAKE_TRAIN, ROOT, git, make_repo
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness import ledger, driver
+from harness import ledger
+from harness.driver import loop as driver
 from harness.agents import Proposal, Usage
 from harness.config import resolve
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import events
+from harness.ledger import events
 
 from .conftest import agent_arg, alive, assert_recovered, harness_run, slow_repo
 

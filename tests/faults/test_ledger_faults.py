@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import ledger, ledgerguard, driver
+from harness import ledger
+from harness.ledger import guard as ledgerguard
+from harness.driver import loop as driver
 from harness.config import resolve
 from harness.errors import LedgerError
 from harness.ledger import Row

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness import driver
+from harness.driver import loop as driver
 from harness.config import resolve
 
 from conftest import ScriptedResearcher, git

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import ledgerguard
+from . import guard as ledgerguard
 
 # `repeat` marks an extra training run of a candidate (baseline repeats, confirmation runs):
 # its own row, so the GPU time it spent is visible, linked by the `candidate` column.

@@ -15,17 +15,21 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import atomic, decide, disk, events, ledger, prompt, pysource, rebase
-from .lifecycle import faults
-from .integrity import guard, seal
-from .agents import pricing
-from .agents import Proposal, Researcher, Task, Usage, sandboxed
-from .agents.base import printable
-from .config import RunConfig
-from .gitgate import Worktree, content_hash, sha256_file
-from .ledger import Row
-from .executors import Job
-from .runner import TrainResult, tail
+from ..ledger import atomic, events
+from . import decide, prompt, rebase
+from ..lifecycle import disk
+from .. import ledger
+from ..integrity import pysource
+from ..lifecycle import faults
+from ..integrity import guard, seal
+from ..agents import pricing
+from ..agents import Proposal, Researcher, Task, Usage, sandboxed
+from ..agents.base import printable
+from ..config import RunConfig
+from ..gitgate import Worktree, content_hash, sha256_file
+from ..ledger import Row
+from ..executors import Job
+from ..workload.runner import TrainResult, tail
 
 INTERRUPTED = "interrupted"
 

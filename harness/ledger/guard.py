@@ -25,9 +25,9 @@ import threading
 from pathlib import Path
 
 from . import events
-from .lifecycle import faults
+from ..lifecycle import faults
 from .atomic import atomic_write  # also ledgerguard.atomic_write, as before
-from .errors import LedgerError, RepoError
+from ..errors import LedgerError, RepoError
 
 
 def shadow_path(path: Path) -> Path:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from .gitgate import Worktree
+from ..gitgate import Worktree
 
 
 def merge_onto(wt: Worktree, commit: str, old_parent: str, new_parent: str,

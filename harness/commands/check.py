@@ -15,18 +15,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from . import driver, prompt
-from .agents import pricing
-from .lifecycle import supervise
-from .agents import KEY_VARS, Proposal, Task, make_researcher, sandboxed
-from .config import RunConfig
-from .errors import HarnessError
-from .executors import sandbox
-from . import gitgate
-from .gitgate import GitGate
-from .executors import train_once
-from .runner import tail
-from .lifecycle.runs import program_text
+from ..driver import loop as driver, prompt
+from ..agents import pricing
+from ..lifecycle import supervise
+from ..agents import KEY_VARS, Proposal, Task, make_researcher, sandboxed
+from ..config import RunConfig
+from ..errors import HarnessError
+from ..executors import sandbox
+from .. import gitgate
+from ..gitgate import GitGate
+from ..executors import train_once
+from ..workload.runner import tail
+from ..lifecycle.runs import program_text
 
 
 class CheckError(HarnessError):

@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 from urllib.parse import urlparse
 
-from .config import RunConfig
-from .errors import ConfigError
+from ..config import RunConfig
+from ..errors import ConfigError
 
 REMOTE_AGENTS = ("openai", "codex", "claude", "gemini")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "0.0.0.0")

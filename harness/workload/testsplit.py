@@ -30,9 +30,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from . import events, ledger, ledgerguard, track
-from .reporting import figures
-from .errors import RepoError
+from ..ledger import events, guard as ledgerguard
+from .. import ledger, track
+from ..reporting import figures
+from ..errors import RepoError
 
 TEST_FILE = "test_scores.tsv"
 COLUMNS = ("commit", "point", "iteration", "keeps", "val", "val_rerun", "test", "seed", "train_s", "test_s",
@@ -171,7 +172,7 @@ class Scorer:
             self.score(commit, "baseline" if _same(commit, base) else point, rows, 0 if _same(commit, base) else keeps)
 
     def score(self, commit: str, point: str, rows: list[dict[str, Any]], keeps: int) -> dict[str, Any]:
-        from .step import train  # the run's executor, its trusted baseline
+        from ..driver.step import train  # the run's executor, its trusted baseline
 
         cfg = self.cfg
         row = _ledger_row(rows, commit)
@@ -321,7 +322,7 @@ def blocks(summary: dict[str, Any]) -> list[tuple]:
 
 def tracker_records(run_dir: Path, tag: str, metric: str) -> list[Any]:
     """The scored rows as tracker records (key `<tag>/test/<commit>`): logged once each."""
-    from .track.records import Record
+    from ..track.records import Record
 
     out = []
     try:

@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .agents import BACKEND_OPTIONS, BACKENDS
-from .errors import ConfigError
+from ..agents import BACKEND_OPTIONS, BACKENDS
+from ..errors import ConfigError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}$")
 # Options any arm takes, whatever its backend: the price table, the researcher's hard timeout.

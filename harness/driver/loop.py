@@ -35,18 +35,22 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import decide, disk, events, ledger, testsplit
-from .lifecycle import faults, health, recovery, runs, stops, supervise
-from .agents import pricing
-from .agents.base import printable
-from .errors import ClusterGone, HarnessError
-from .config import RunConfig
-from .executors import Executor, make_executor
-from .gitgate import GitGate, data_files
-from .ledger import Row
-from .lifecycle.runs import Progress, Summary
-from .step import (Candidate, Context, FirstRun, RunState, clear_journal, confirm_run, conflict_row, first_run,
-                   now_iso, prepare_candidate, primary_row, rebased, write_journal)
+from . import decide
+from ..lifecycle import disk
+from ..ledger import events
+from .. import ledger
+from ..workload import testsplit
+from ..lifecycle import faults, health, recovery, runs, stops, supervise
+from ..agents import pricing
+from ..agents.base import printable
+from ..errors import ClusterGone, HarnessError
+from ..config import RunConfig
+from ..executors import Executor, make_executor
+from ..gitgate import GitGate, data_files
+from ..ledger import Row
+from ..lifecycle.runs import Progress, Summary
+from .step import (Candidate, Context, FirstRun, RunState, clear_journal, confirm_run, conflict_row,
+    first_run, now_iso, prepare_candidate, primary_row, rebased, write_journal)
 
 PROPOSAL_GRACE_S = 5.0  # s a stop waits for what is in flight (a proposal's commit, a job's end)
 POLL_S = 0.2  # s the loop waits at most between its steps (lets a noted signal through)
@@ -951,7 +955,7 @@ def single(cfg: RunConfig, researcher: Any, resume: bool, progress: Progress, pi
 def run(cfg: RunConfig, resume: bool = False, progress: Progress = runs.no_progress, researcher: Any = None,
         steps: int | None = None) -> Summary:
     """The library's entry: run until a stop; a signal's stop is in the summary's `stopped`."""
-    from .agents import make_researcher
+    from ..agents import make_researcher
     from .pipeline import pipelined
     researcher = researcher or make_researcher(cfg.agent, cfg.model, cfg.agent_options)
     return single(cfg, researcher, resume, progress, pipelined(cfg), steps)[0]

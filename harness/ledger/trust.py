@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import events, gitgate, ledgerguard
-from .errors import RepoError
-from .gitgate import Repo
-from .runner import TrainResult
+from . import events, guard as ledgerguard
+from .. import gitgate
+from ..errors import RepoError
+from ..gitgate import Repo
+from ..workload.runner import TrainResult
 
 
 @dataclass

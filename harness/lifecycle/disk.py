@@ -16,7 +16,7 @@ import re
 import shutil
 from pathlib import Path
 
-from .errors import HarnessError
+from ..errors import HarnessError
 
 FULL_RE = re.compile(r"No space left on device|Disk quota exceeded|Out of diskspace|\[Errno (28|122)\]|ENOSPC", re.I)
 FLOOR_MB = 256  # MB free where a job's files lived, below which its ENOSPC is the disk's

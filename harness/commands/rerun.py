@@ -6,11 +6,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .lifecycle import supervise
-from .config import RunConfig
-from .errors import HarnessError
-from .executors import Job, LocalExecutor
-from .gitgate import GitGate
+from ..lifecycle import supervise
+from ..config import RunConfig
+from ..errors import HarnessError
+from ..executors import Job, LocalExecutor
+from ..gitgate import GitGate
 
 
 @dataclass

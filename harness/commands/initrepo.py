@@ -5,9 +5,9 @@ import shutil
 import time
 from pathlib import Path
 
-from .config import read_repo_settings, toml_lines
-from .errors import RepoError
-from .gitgate import GitGate, run_git
+from ..config import read_repo_settings, toml_lines
+from ..errors import RepoError
+from ..gitgate import GitGate, run_git
 
 # Words of a program written for an agent that drives the loop itself (karpathy/autoresearch's
 # program.md): under the harness the agent must not train, commit, reset or write the ledger.
@@ -72,10 +72,11 @@ def default_tag(repo: Path | None = None, prefix: str = "") -> str:
 
 def example_dir() -> Path:
     """Where the bundled workload lies: inside an installed wheel, or the source checkout's root."""
-    packaged = Path(__file__).parent / "example"
+    package = Path(__file__).resolve().parent.parent  # harness/, this module being harness/commands/initrepo.py
+    packaged = package / "example"
     if (packaged / "train.py").exists():
         return packaged
-    return Path(__file__).resolve().parent.parent
+    return package.parent
 
 
 def settings_text(train_command: str, protected: list[str], extra: dict[str, str] | None = None) -> str:

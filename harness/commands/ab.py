@@ -26,17 +26,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import atomic, driver, pipeline
-from .agents import pricing
-from .lifecycle import runs
-from .reporting import report
-from .agents import Researcher, make_researcher
+from ..ledger import atomic
+from ..driver import loop as driver, pipeline
+from ..agents import pricing
+from ..lifecycle import runs
+from ..reporting import report
+from ..agents import Researcher, make_researcher
 from .arms import ArmSpec
-from .config import RunConfig, resolve
-from .errors import ConfigError, RepoError
-from .gitgate import GitGate
-from .lifecycle.runs import Progress, no_progress
-from .step import now_iso
+from ..config import RunConfig, resolve
+from ..errors import ConfigError, RepoError
+from ..gitgate import GitGate
+from ..lifecycle.runs import Progress, no_progress
+from ..driver.step import now_iso
 
 SCHEDULES = ("interleave", "sequential", "parallel")
 ARMS = ("a", "b")

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from .lifecycle import faults, supervise
+from ..lifecycle import faults, supervise
 
 if TYPE_CHECKING:
-    from .executors.limits import Cgroup, Limits, Watch
+    from ..executors.limits import Cgroup, Limits, Watch
 
 # Variables that must never reach the training job (the researcher's code runs there).
 SECRET_RE = re.compile(r"(_API_KEY|_TOKEN|_SECRET|_PASSWORD|_CREDENTIALS?)$|^(AWS_|AZURE_|GH_|GITHUB_TOKEN)", re.I)
@@ -143,8 +143,8 @@ def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, m
     run's supervisor (supervise.py): it is on disk before it runs, so a resumed supervisor can stop
     a job its killed predecessor left behind.
     """
-    from .executors import limits as bounds  # executors/ imports this module: bound here, not at import
-    from .executors.gputime import GpuTime, cgroup_pids
+    from ..executors import limits as bounds  # executors/ imports this module: bound here, not at import
+    from ..executors.gputime import GpuTime, cgroup_pids
     limits = limits or bounds.Limits()
     argv = shlex.split(command)
     argv = wrap(argv) if wrap is not None else argv
@@ -195,7 +195,7 @@ def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, m
 def _exceeded(proc: subprocess.Popen, group: Cgroup | None, watch: Watch, limits: Limits,
               log_path: Path) -> tuple[str | None, str]:
     """("invalid", the bound) of a job that exited past a bound, else (None, "")."""
-    from .executors import limits as bounds
+    from ..executors import limits as bounds
     over = watch.over(float("inf"))  # a filler faster than the watch's period, measured once more
     if over is None and proc.returncode != 0:
         over = (group.exceeded(limits) if group else None) or bounds.file_too_large(
