@@ -300,6 +300,6 @@ def test_gpu_check_says_what_is_missing_on_a_machine_without_a_gpu():
 
 
 def test_step_declares_every_option_of_run_but_the_runs_length():
-    from harness.cli import run, step
+    from harness.cli.runs import run, step
     names = lambda command: {opt for p in command.params for opt in p.opts + p.secondary_opts}  # noqa: E731
     assert names(run) - names(step) == {"--hours", "--iterations"}

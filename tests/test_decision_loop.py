@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.driver import loop as driver
+from harness.driver.printer import Printer
 from harness import ledger
 from harness.agents import Proposal, Usage
 from harness.config import resolve
@@ -50,7 +51,7 @@ def test_a_display_that_blocks_holds_up_no_lane(tmp_path: Path):
     def stuck(event, data):  # the terminal: it takes the first line and then never reads again
         seen.append(event)
         paused.wait(120)
-    summary = driver.run(cfg, progress=driver.Printer(stuck), researcher=Knobs())
+    summary = driver.run(cfg, progress=Printer(stuck), researcher=Knobs())
     rows = ledger.read_rows(cfg.ledger_path)
     assert len(seen) == 1 and not paused.is_set()  # the display never got past its first event
     numbers = sorted(r["iteration"] for r in rows if r["status"] != "repeat")

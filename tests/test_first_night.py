@@ -417,7 +417,8 @@ def test_the_eta_follows_the_lanes_the_cluster_offers(tmp_path: Path):
     """On Ray the lanes follow the cluster's slots: the panel's ETA divides by the live count."""
     import io
     from rich.console import Console
-    from harness.cli_display import Display, Watched
+    from harness.cli.display import Display
+    from harness.cli.watched import Watched
     run_dir = tmp_path / "runs" / "t"
     run_dir.mkdir(parents=True)
     (run_dir / "results.tsv").write_text(
@@ -436,7 +437,8 @@ def test_the_live_panel_cannot_deadlock_with_rich_s_refresh(tmp_path: Path):
     import io
     import threading
     from rich.console import Console
-    from harness.cli_display import Display, Watched
+    from harness.cli.display import Display
+    from harness.cli.watched import Watched
     run_dir = tmp_path / "runs" / "t"
     run_dir.mkdir(parents=True)
     console = Console(file=io.StringIO(), force_terminal=True, width=120)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.lazy import lazy_function, lazy_module
+from harness.cli.lazy import lazy_function, lazy_module
 
 
 @pytest.fixture

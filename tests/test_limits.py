@@ -241,7 +241,7 @@ def test_a_daemon_that_left_the_group_and_its_marks_dies_with_the_jobs_cgroup(tm
 def test_the_flags_reach_the_run_settings(tmp_path):
     from click.testing import CliRunner
 
-    from harness import cli
+    from harness.cli import common as cli
     shown = CliRunner().invoke(cli.main, ["run", "--help"]).output
     for flag in ("--job-memory-mb", "--job-pids", "--job-disk-mb", "--job-log-mb", "--eval-kill-after"):
         assert flag in shown

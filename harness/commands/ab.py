@@ -5,7 +5,7 @@ each run `--repeats R` times with different seeds: a tournament. A unit (one arm
 repeat) is an ordinary run under runs/<tag>/<arm> (or runs/<tag>/<arm>-r<k> with repeats).
 
 Each arm is an ordinary run (its own branch `autoresearch/<tag>-<arm>`, worktree and ledger
-under runs/<tag>/<arm>/) driven by the one run driver (driver.py), over one executor whose
+under runs/<tag>/<arm>/) driven by the one run driver (driver/), over one executor whose
 slots are the GPUs. Schedules:
 
 - interleave: A, B, A, B, ... on one GPU, so both arms see the same machine (a GPU's speed
@@ -28,6 +28,10 @@ from typing import Any
 
 from ..ledger import atomic
 from ..driver import loop as driver, pipeline
+from ..driver.lanes import Turns
+from ..driver.printer import safe
+from ..driver.rundriver import RunDriver
+from ..driver.signals import Interrupted
 from ..agents import pricing
 from ..lifecycle import runs
 from ..reporting import report
@@ -63,7 +67,7 @@ class ABResult:
     summaries: dict[str, runs.Summary] = field(default_factory=dict)
     report: report.Report | None = None
     stopped: str = "done"
-    interrupted: driver.Interrupted | None = None
+    interrupted: Interrupted | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -227,10 +231,10 @@ def run_ab(repo: Path, tag: str, arms: dict[str, tuple[str | None, str | None]] 
     for i, arm in enumerate(pool.values()):
         # An arm whose branch was never made (stopped before it started) starts fresh on --resume.
         resume_arm = resume and GitGate(arm.cfg.repo).branch_exists(arm.cfg.branch)
-        arms_.append(driver.RunDriver(arm.cfg, arm.researcher, resume_arm, driver.safe(progress), 1,
+        arms_.append(RunDriver(arm.cfg, arm.researcher, resume_arm, safe(progress), 1,
                                       pipeline.pipelined(arm.cfg), cancel))
     if schedule == "interleave":
-        turns = driver.Turns(len(arms_))
+        turns = Turns(len(arms_))
         for i, r in enumerate(arms_):
             r.turns, r.turn_index = turns, i
     slots = tuple(gpu_list[:len(arms_)]) if schedule == "parallel" else tuple(gpu_list[:1])

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from ..driver import loop as driver, prompt
+from ..driver import prompt, signals
 from ..agents import pricing
 from ..lifecycle import supervise
 from ..agents import KEY_VARS, Proposal, Task, make_researcher, sandboxed
@@ -113,7 +113,7 @@ def run_check(cfg: RunConfig, hours: float, progress: Callable[[str], None] | No
 
     Everything lives in a temporary folder of the check's own (two checks of one repo at once do
     not meet), every child runs under its supervisor, and SIGINT/SIGTERM/SIGHUP stop them all
-    (driver.Interrupted comes out). progress gets each stage's lines as soon as it passed."""
+    (signals.Interrupted comes out). progress gets each stage's lines as soon as it passed."""
     options = dict(cfg.agent_options)
     if cfg.agent == "openai":
         options.setdefault("max_retries", 0)  # a smoke test reports a 429 instead of waiting it out
@@ -124,7 +124,7 @@ def run_check(cfg: RunConfig, hours: float, progress: Callable[[str], None] | No
     scratch = Path(tempfile.mkdtemp(prefix="harness-check-"))
     cfg = replace(cfg, run_root=scratch)  # its journal, jail home, logs: the check's alone
     worktree = scratch / "worktree"
-    with driver.interrupts() as seen:
+    with signals.interrupts() as seen:
         held = contextlib.ExitStack()
         try:
             held.enter_context(supervise.active(scratch))
@@ -151,7 +151,7 @@ def run_check(cfg: RunConfig, hours: float, progress: Callable[[str], None] | No
         except (gitgate.GitCommandError, gitgate.GitFailed) as e:
             raise CheckError(f"could not make a throwaway worktree of {cfg.repo}: {e}") from None
         finally:
-            driver.quiet(seen)  # a second signal must not cut the clean-up short
+            signals.quiet(seen)  # a second signal must not cut the clean-up short
             held.close()  # nothing the check started outlives it
             with contextlib.suppress(gitgate.GitCommandError, gitgate.GitFailed):
                 gate.remove_worktree(worktree)

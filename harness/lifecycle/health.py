@@ -22,7 +22,8 @@ from ..driver import decide
 from ..ledger import events, guard as ledgerguard
 from .. import ledger, track
 from ..ledger import Row
-from ..driver.step import Context, RunState, repeat_row, train
+from ..driver.step import Context, RunState, train
+from ..driver.training import repeat_row
 
 FAILED = ("crash", "timeout", "invalid")
 FAILURE_RATE = 0.30  # of a checkpoint's window

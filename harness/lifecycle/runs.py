@@ -33,8 +33,8 @@ from ..executors import budget, sandbox, uvenv
 from ..gitgate import GitCommandError, GitGate, Worktree, data_files
 from ..ledger import Row
 from ..workload.runner import TrainResult, tail
-from ..driver.step import (INTERRUPTED, Candidate, Context, RunState, conflict_row, memory_gb, now_iso,
-    pending, rebased, rel, repeat_row, train)
+from ..driver.step import INTERRUPTED, Candidate, Context, RunState, memory_gb, now_iso, pending, rel, train
+from ..driver.training import conflict_row, rebased, repeat_row
 
 Progress = Callable[[str, dict[str, Any]], None]
 

@@ -203,7 +203,7 @@ def test_overnight_in_tmux_then_kill_session_leaves_nothing_and_resume_continues
              what="the run to stop after kill-session")
     subprocess.run(["tmux", "kill-server"], env=env, capture_output=True, timeout=30)
     # The pane's SIGHUP goes to the terminal's whole process group, the clean-up's git included:
-    # the slot's worktree is still removed (driver.quiet).
+    # the slot's worktree is still removed (driver/signals.py's quiet).
     assert worktrees(repo) == expected_worktrees(repo, [run_dir])
     resumed = harness_run(repo, "tm", "--agent", agent, "--iterations", str(ITERATIONS), "--resume", timeout=240)
     assert resumed.returncode == 0, resumed.stderr

@@ -13,12 +13,8 @@ ledgers by figures.headline, the one definition every reader uses.
 from __future__ import annotations
 
 import collections
-import json
-import statistics
 import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group
@@ -26,136 +22,11 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from . import ledger
-from .reporting import figures
+from ..reporting import figures
+from .text import clock, figures_fmt, flow, literal, row_text, short, short_cost
+from .watched import Watched, duty_text
 
-STATUS_STYLE = {"keep": "green", "discard": "yellow", "skip": "dim", "repeat": "dim", "budget": "magenta", "stopped": "dim"}
 REFRESH_PER_S = 2
-
-
-def literal(*parts: str | tuple[str, str]) -> Text:
-    """A Text from plain strings and (string, style) pairs: nothing in them is markup."""
-    out = Text()
-    for part in parts:
-        if isinstance(part, tuple):
-            out.append(part[0], style=part[1])
-        else:
-            out.append(part)
-    return out
-
-
-def clock(seconds: float | None) -> str:
-    if seconds is None:
-        return "unknown"
-    seconds = max(0, int(seconds))
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
-def short(n: float) -> str:
-    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e3 else f"{n:.0f}"
-
-
-@dataclass
-class Watched:
-    """One run (or one A/B arm) on screen."""
-    name: str  # arm name, "" for a single run
-    label: str  # model (agent), the agent shortened (agent_label)
-    run_dir: Path
-    hours: float | None = None
-    iterations: int | None = None
-    lanes: int = 1
-    iteration: int = 0  # the last finished iteration
-    head: figures.Headline | None = None
-    walls: list[float] = field(default_factory=list)  # wall_s of the experiments on the ledger
-    wall_total_s: float = 0.0
-    train_total_s: float = 0.0
-    now: dict[Any, dict[int, str]] = field(default_factory=dict)  # lane -> iteration -> phase
-    stopped: str = ""
-    gpus: bool = False  # the run trains on GPUs (run.json: --gpus, an arm's GPU, or a GPU device)
-    baseline_t0: float | None = None  # monotonic time the baseline started training
-    baseline_runs: int = 1  # how many times it trains (--baseline-runs)
-    researcher: str = ""  # the label unshortened (a cmd: template's whole command line)
-
-    def reload(self) -> None:
-        path = self.run_dir / "results.tsv"
-        rows = ledger.read_rows(path)
-        run = _read_json(self.run_dir / "run.json")
-        manifest = run.get("config", {})
-        self.gpus = bool(manifest.get("gpus") or manifest.get("gpu")) or has_gpu_device(run.get("device"))
-        self.head = figures.headline(rows, ledger.metric_name(path) or "metric",
-                                     manifest.get("direction", "minimize"))
-        exp = figures.experiments(rows)
-        self.walls = [r["wall_s"] for r in exp if r.get("wall_s")]
-        if not self.walls:  # before the first experiment: the baseline's time is the best guess
-            base = figures.baseline_index(rows)
-            self.walls = [rows[base]["wall_s"]] if base is not None and rows[base].get("wall_s") else []
-        timed = [r for r in rows if r.get("status") != "repeat"]
-        self.wall_total_s = sum(r.get("wall_s") or 0.0 for r in timed)
-        self.train_total_s = sum(r.get("train_s") or 0.0 for r in rows)
-        done = [r.get("iteration") or 0 for r in rows if r.get("status") != "repeat"]
-        self.iteration = max([self.iteration, *done])
-
-    def mean_iteration_s(self) -> float | None:
-        return statistics.fmean(self.walls[-20:]) / max(1, self.lanes) if self.walls else None
-
-    def eta_s(self, elapsed_s: float, ab: bool) -> float | None:
-        return self.eta(elapsed_s, ab)[0]
-
-    def eta(self, elapsed_s: float, ab: bool) -> tuple[float | None, bool]:
-        """(seconds left, True when only a lower bound): --hours (per arm, counted from the ledger
-        in `harness ab`) or --iterations times the measured mean iteration time; the smaller when
-        both are set. While the baseline trains nothing is measured yet: an iteration trains once,
-        at least about as long as each of the baseline's runs has so far, so --iterations gives
-        a lower bound."""
-        if self.stopped:
-            return 0.0, False
-        options = []
-        if self.hours is not None:
-            spent = self.wall_total_s if ab else elapsed_s
-            options.append(max(0.0, self.hours * 3600 - spent))
-        mean = self.mean_iteration_s()
-        if self.iterations is not None and mean is not None:
-            options.append(max(0, self.iterations - self.iteration) * mean)
-        elif self.iterations is not None and self.baseline_t0 is not None:
-            so_far = time.monotonic() - self.baseline_t0
-            bound = self.iterations * so_far / max(1, self.baseline_runs) / max(1, self.lanes)
-            if not options or bound < min(options):
-                return bound, True
-        return (min(options), False) if options else (None, False)
-
-    def why_no_eta(self) -> str:
-        if self.hours is None and self.iterations is None:
-            return "no --hours or --iterations"
-        return "the baseline has not started"
-
-    def doing(self) -> str:
-        if self.stopped:
-            return "stopped: " + self.stopped
-        self.refine_from_journals()
-        parts = []
-        for lane, jobs in sorted(self.now.items(), key=lambda kv: (kv[0] is None, str(kv[0]))):
-            what = ", ".join(f"{phase} iteration {it}" if it else phase for it, phase in sorted(jobs.items()))
-            if what:
-                parts.append(what if lane is None else f"lane {lane}: {what}")
-        return "; ".join(parts) or "between iterations"
-
-    def refine_from_journals(self) -> None:
-        """A candidate whose journal says phase "train" is committed and training."""
-        for path in self.run_dir.glob("inflight*.json"):
-            data = _read_json(path)
-            it = data.get("iteration")
-            if data.get("phase") != "train" or not it:
-                continue
-            for jobs in self.now.values():
-                if jobs.get(it) == "proposing":
-                    jobs[it] = "training"
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 class Display:
@@ -374,83 +245,3 @@ class Display:
 
 
 MIN_FLEX = 12  # columns the table gives the label and `now` at least; below that: the compact layout
-
-
-def flow(items: list[str], width: int, sep: str = "  ") -> list[str]:
-    """Whole items on as few lines of width as they fit (an item wider than a line: a line of its own)."""
-    lines: list[str] = []
-    for item in items:
-        if lines and len(lines[-1]) + len(sep) + len(item) <= width:
-            lines[-1] += sep + item
-        else:
-            lines.append(item)
-    return lines
-
-
-def duty_text(w: Watched) -> str:
-    """The fraction of wall time spent training: what the GPUs were busy with."""
-    return "-" if not w.wall_total_s else f"{w.train_total_s / w.wall_total_s:.0%}"
-
-
-def has_gpu_device(device: Any) -> bool:
-    """run.json's device: the first GPU's name, or `cpu (arch)` (runs.device_name)."""
-    return bool(device) and not str(device).startswith("cpu")
-
-
-def agent_label(model: str | None, agent: str) -> str:
-    """The researcher as the screen names it: `model (agent)`; a `cmd:` template by its program,
-    not its whole command line (`cmd: researcher.py`), so the label does not crowd the figures."""
-    if agent.startswith("cmd:"):
-        words = [Path(wd).name for wd in agent[len("cmd:"):].split() if "{" not in wd and not wd.startswith("-")]
-        scripts = [wd for wd in words[1:] if "." in wd]  # `python3 researcher.py`: the script names it
-        agent = "cmd: " + (scripts[0] if scripts and _interpreter(words[0]) else words[0] if words else "?")
-    return f"{model or 'no model'} ({agent})"
-
-
-def _interpreter(program: str) -> bool:
-    return program.split(".")[0].rstrip("0123456789") in INTERPRETERS
-
-
-INTERPRETERS = ("python", "node", "bash", "sh", "uv", "ruby", "perl", "deno", "bun")
-
-
-def figures_fmt(value: float | None) -> str:
-    return "unknown" if value is None else f"{value:.6f}"
-
-
-def row_text(row: ledger.Row, best: float | None, prefix: Any = "") -> Text:
-    value = row.mean if row.mean is not None and row.status != "repeat" else row.metric  # the decided value
-    metric = "-" if value is None else f"{value:.6f}"
-    wall = f"  ({row.wall_s:.0f}s)" if row.wall_s is not None else ""
-    return literal(prefix, f"{row.iteration:>4} ", (f"{row.status:8}", STATUS_STYLE.get(row.status, "red")),
-                   f" {metric}  best {figures_fmt(best)}  ", row.description[:120], wall)
-
-
-def summary_text(summary: Any, label: str = "") -> Text:
-    """The end-of-run summary (loop.Summary), improvement signed as everywhere (+ = better)."""
-    h = summary.headline
-    out = Text()
-    if label:
-        out.append(label + "\n", style="bold")
-    out.append(summary.stopped + "\n", style="bold")
-    if h is None:
-        out.append("no figures\n")
-        return out
-    base = f" vs baseline {figures_fmt(h.baseline)}" if h.baseline is not None else ""
-    failed = f" ({h.failed_baselines} failed baseline attempt{'s' * (h.failed_baselines > 1)} not counted)" \
-        if h.failed_baselines else ""
-    out.append(f"best {figures_fmt(h.best)} (improvement {figures.signed(h.improvement)}{base}) at "
-               f"{summary.best_commit or '-'} on branch {summary.branch}\n")
-    counts = ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())) or "none"
-    keep = "-" if h.keep_rate is None else f"{h.keep_rate:.0%}"
-    out.append(f"{h.experiments} experiments: {counts}; keep rate {keep}{failed}\n")
-    cost = figures.cost_text(h.cost_usd, getattr(h, "unknown_usage_calls", 0))
-    out.append(f"tokens in {h.input_tokens}, out {h.output_tokens}; cost {cost}")
-    return out
-
-
-def short_cost(h: Any) -> str:
-    """The cost in a line or a cell: `>=$X` when some calls' usage is unknown (figures.cost_text)."""
-    if h.cost_usd is None:
-        return "unknown"
-    return f"{'>=' if getattr(h, 'unknown_usage_calls', 0) else ''}${h.cost_usd:.4f}"
