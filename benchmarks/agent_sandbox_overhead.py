@@ -19,7 +19,7 @@ from pathlib import Path
 from common import make_repo  # noqa: E402  (puts the repo root on sys.path)
 
 from harness.agents import Task, make_researcher, sandboxed  # noqa: E402
-from harness.config import resolve  # noqa: E402
+from harness.config.load import resolve  # noqa: E402
 from harness.executors import sandbox  # noqa: E402
 
 AGENT = """import json, re, sys

@@ -24,7 +24,7 @@ from common import ROOT, make_repo  # noqa: E402  (puts the repo root on sys.pat
 sys.path.insert(0, str(ROOT / "tests"))
 from raycluster import LocalCluster  # noqa: E402
 
-from harness.config import resolve  # noqa: E402
+from harness.config.load import resolve  # noqa: E402
 from harness.executors import Job, LocalExecutor  # noqa: E402
 from harness.executors.ray_executor import RayExecutor  # noqa: E402
 

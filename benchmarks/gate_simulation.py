@@ -25,7 +25,7 @@ from common import ROOT, make_repo  # noqa: E402  (puts the repo root on sys.pat
 from harness.driver import loop as driver  # noqa: E402
 from harness import ledger  # noqa: E402
 from harness.agents import Proposal  # noqa: E402
-from harness.config import resolve  # noqa: E402
+from harness.config.load import resolve  # noqa: E402
 
 BUDGET_S = 300  # simulated GPU seconds per training run
 BASE_QUALITY = 1.0

@@ -19,7 +19,7 @@ from common import make_repo  # noqa: E402  (puts the repo root on sys.path)
 from harness.driver import loop as driver  # noqa: E402
 from harness import ledger  # noqa: E402
 from harness.agents import Proposal  # noqa: E402
-from harness.config import resolve  # noqa: E402
+from harness.config.load import resolve  # noqa: E402
 
 TRAIN = "VALUE = 1.0\nprint('---')\nprint(f'val_bpb: {VALUE}')\nprint('peak_vram_mb: 0')\n"
 

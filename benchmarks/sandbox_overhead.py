@@ -25,7 +25,7 @@ from pathlib import Path
 
 import common  # noqa: F401  (puts the repo root on sys.path)
 
-from harness.config import resolve  # noqa: E402
+from harness.config.load import resolve  # noqa: E402
 from harness.executors import sandbox  # noqa: E402
 from harness.gitgate import GitGate  # noqa: E402
 from harness.commands.initrepo import init_example  # noqa: E402

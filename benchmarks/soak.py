@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.driver import loop as driver  # noqa: E402
 from harness import ledger  # noqa: E402
-from harness.config import resolve  # noqa: E402
+from harness.config.load import resolve  # noqa: E402
 
 from overhead import TRAIN, InstantResearcher, make_repo  # noqa: E402
 

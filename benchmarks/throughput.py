@@ -23,7 +23,7 @@ from common import make_repo  # noqa: E402  (puts the repo root on sys.path)
 from harness.driver import loop as driver  # noqa: E402
 from harness import ledger  # noqa: E402
 from harness.agents import Proposal  # noqa: E402
-from harness.config import resolve  # noqa: E402
+from harness.config.load import resolve  # noqa: E402
 
 TRAIN = """import time
 GAIN = 0.0  # the researcher's rare winning knob

@@ -27,7 +27,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from harness.driver import loop as driver  # noqa: E402
 from harness import ledger  # noqa: E402
-from harness.config import resolve  # noqa: E402
+from harness.config.load import resolve  # noqa: E402
 from conftest import make_repo  # noqa: E402
 from fakes.openai_server import Reply, ScriptedServer, approx_tokens, lower_value  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Rewrite docs/configuration.md's settings table from the schema (harness/config.py); --check: exit 1
+"""Rewrite docs/configuration.md's settings table from the schema (harness/config/); --check: exit 1
 if the table differs from what the schema produces (tests/test_config_schema.py checks the same)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ sys.path.insert(0, str(ROOT))
 from harness.config import settings_table  # noqa: E402
 
 DOC = ROOT / "docs" / "configuration.md"
-BEGIN = "<!-- settings table: generated from harness/config.py by scripts/settings_table.py; do not edit -->\n"
+BEGIN = "<!-- settings table: generated from harness/config/ by scripts/settings_table.py; do not edit -->\n"
 END = "<!-- end of the settings table -->\n"
 
 

@@ -288,7 +288,7 @@ def test_executable_args_and_base_url_from_the_repo_file_and_the_command_line(re
 
 
 def test_a_cli_researcher_at_a_local_base_url_is_not_pipelined_by_default(repo: Path):
-    from harness.config import resolve
+    from harness.config.load import resolve
     from harness.driver.pipeline import pipeline_default
     for agent in ("codex", "claude", "gemini"):
         local = resolve(repo, "t", {"agent": agent, "agent_options": {"base_url": "http://127.0.0.1:8000/v1"}})

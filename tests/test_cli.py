@@ -234,7 +234,7 @@ def test_init_existing_repo_and_karpathy_checkout(tmp_path: Path):
     text = (kp / "pyproject.toml").read_text()
     assert 'train_command = "uv run train.py"' in text and 'protected = ["prepare.py"]' in text
     assert (kp / "program.md").read_text() == "# autoresearch\n"
-    from harness.config import resolve
+    from harness.config.load import resolve
     cfg = resolve(kp, "x", {})
     assert cfg.train_command == "uv run train.py" and cfg.protected == ("prepare.py",)
     harness("init", "--repo", str(tmp_path / "missing"), expect=1)

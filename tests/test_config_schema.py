@@ -1,4 +1,4 @@
-"""The settings schema (harness/config.py, settings.py): one declaration per setting, and what is
+"""The settings schema (harness/config/: its __init__ and schema.py): one declaration per setting, and what is
 derived from it stays equal to it: validation, the resume check, `harness init`'s comments, the docs."""
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ import pytest
 from harness import config
 from harness.ledger import events
 from harness.cli import main as cli_main
-from harness.config import SETTINGS, RunConfig, compare_resume, resolve
+from harness.config import SETTINGS, RunConfig
+from harness.config import resume
+from harness.config.resume import compare_resume
+from harness.config.load import resolve
 from harness.errors import ConfigError
 
 from conftest import ROOT, make_repo
@@ -58,9 +61,9 @@ def test_every_declared_flag_is_a_flag_of_harness_run_and_sets_that_setting():
 
 def test_resume_compares_every_setting_by_its_field_name():
     names = set(RunConfig(repo=Path("/r"), tag="t").to_json())
-    assert set(config.MEASURED) | set(config.LIMITS) <= names
-    assert "stall_after_min" in config.LIMITS  # once listed as "stall_after": a change was never seen
-    assert not set(config.MEASURED) & set(config.LIMITS)
+    assert set(resume.MEASURED) | set(resume.LIMITS) <= names
+    assert "stall_after_min" in resume.LIMITS  # once listed as "stall_after": a change was never seen
+    assert not set(resume.MEASURED) & set(resume.LIMITS)
 
 
 def test_a_changed_stall_after_is_reported_on_resume(repo: Path):

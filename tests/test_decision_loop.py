@@ -16,7 +16,7 @@ from harness.driver import loop as driver
 from harness.driver.printer import Printer
 from harness import ledger
 from harness.agents import Proposal, Usage
-from harness.config import resolve
+from harness.config.load import resolve
 
 from conftest import ScriptedResearcher, git, make_repo, set_globals
 from test_gate import noisy

@@ -11,7 +11,7 @@ import pytest
 from harness.driver import loop as driver
 from harness import ledger
 from harness.agents import Proposal
-from harness.config import resolve
+from harness.config.load import resolve
 from harness.lifecycle.disk import DiskFull
 
 from conftest import FAKE_TRAIN, ScriptedResearcher, make_repo, set_globals

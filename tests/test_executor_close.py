@@ -7,7 +7,7 @@ import threading
 import time
 from pathlib import Path
 
-from harness import config
+from harness.config import load as config
 from harness.executors import Job, LocalExecutor, local
 
 from conftest import git, make_repo

@@ -10,7 +10,7 @@ import pytest
 
 from harness.driver import decide, loop as driver
 from harness import ledger
-from harness.config import resolve
+from harness.config.load import resolve
 from harness.driver.decide import GateSettings
 
 from conftest import ScriptedResearcher, git

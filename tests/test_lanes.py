@@ -11,7 +11,7 @@ import pytest
 from harness.driver import loop as driver
 from harness import ledger
 from harness.agents import Proposal
-from harness.config import resolve
+from harness.config.load import resolve
 from harness.errors import ConfigError
 
 from conftest import ScriptedResearcher, make_repo, set_globals

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import resolve
+from harness.config.load import resolve
 from harness.executors import evaluation, limits
 from harness.workload.runner import TrainResult, run_training
 

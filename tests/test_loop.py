@@ -15,7 +15,7 @@ import pytest
 from harness import ledger
 from harness.driver import loop as driver
 from harness.agents import Proposal
-from harness.config import resolve
+from harness.config.load import resolve
 from harness.errors import RepoError
 from harness.gitgate import GitGate
 from harness.driver.step import Context

@@ -15,7 +15,7 @@ import pytest
 from harness import ledger
 from harness.driver import loop as driver, pipeline
 from harness.agents import Proposal
-from harness.config import resolve
+from harness.config.load import resolve
 
 from conftest import ScriptedResearcher, git, make_repo, set_globals
 

@@ -171,7 +171,7 @@ def task_pid(tasks: Path) -> int | None:
 
 
 def test_cancel_stops_the_running_task(tmp_path: Path, cluster):
-    from harness import config
+    from harness.config import load as config
     from harness.executors import Job, make_executor
     repo = make_repo(tmp_path / "research", set_globals(FAKE_TRAIN, MODE="hang"))
     cfg = config.resolve(repo, "cancel", {"executor": "ray", "ray_address": cluster["address"],

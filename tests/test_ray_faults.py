@@ -169,7 +169,7 @@ def test_ray_resource_errors_are_retried_then_infrastructure(tmp_path: Path, clu
 
 
 def test_a_hung_job_thread_does_not_hold_close(tmp_path: Path, cluster, monkeypatch):
-    from harness import config
+    from harness.config import load as config
     from harness.executors import Job, make_executor, ray_executor
     never = threading.Event()
     monkeypatch.setattr(ray_executor.RayExecutor, "_train", lambda self, job: never.wait())

@@ -144,7 +144,7 @@ def test_a_night_on_two_nodes(tmp_path: Path, cluster):
 
 
 def test_slots_follow_the_cluster_unless_pinned(tmp_path: Path, cluster):
-    from harness import config
+    from harness.config import load as config
     from harness.executors import make_executor
     repo = make_repo(tmp_path / "research")
     for pinned, want in ((None, 2), (1, 1), (5, 5)):

@@ -19,7 +19,7 @@ pytest.importorskip("ray", reason="ray is not installed: pip install -e '.[ray]'
 from harness.driver import loop as driver  # noqa: E402
 from harness import ledger  # noqa: E402
 from harness.ledger import trust  # noqa: E402
-from harness.config import resolve  # noqa: E402
+from harness.config.load import resolve  # noqa: E402
 from harness.executors import Job  # noqa: E402
 from harness.executors.ray_executor import RayExecutor  # noqa: E402
 from harness.gitgate import GitGate  # noqa: E402

@@ -21,7 +21,7 @@ import pytest
 from harness.driver import loop as driver
 from harness import ledger
 from harness.workload import testsplit
-from harness.config import resolve
+from harness.config.load import resolve
 from harness.commands.initrepo import init_example
 
 from conftest import FAKE_TRAIN, ScriptedResearcher, git, make_repo

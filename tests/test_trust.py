@@ -12,7 +12,7 @@ import pytest
 from harness.driver import loop as driver
 from harness.ledger import events, guard as ledgerguard, trust
 from harness import ledger
-from harness.config import resolve
+from harness.config.load import resolve
 from harness.errors import RepoError
 from harness.executors import budget, train_once
 from harness.gitgate import GitGate

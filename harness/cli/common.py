@@ -27,7 +27,8 @@ driver, printer, signals, pipeline_mod, rerun_mod, runs, status_mod, trainenv, t
                                          "workload.trainenv", "track"))
 from .text import agent_label, literal, summary_text
 from .watched import Watched
-from ..config import read_repo_settings, resolve, with_run_settings
+from ..config.load import read_repo_settings, resolve
+from ..config.resume import with_run_settings
 from ..errors import HarnessError
 default_tag, init_example, init_repo = (lazy_function("harness.commands.initrepo", f)  # initrepo imports GitPython
                                         for f in ("default_tag", "init_example", "init_repo"))

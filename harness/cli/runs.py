@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from ..config import read_repo_settings, with_run_settings
+from ..config.load import read_repo_settings
+from ..config.resume import with_run_settings
 from .common import (AGENT_OPTIONS, build_config, default_tag, driver, err, exit_for, finish, finish_tracking,
                      friendly, given, hung_up_terminal, init_example, init_repo, iteration_options, main,
                      make_researcher, pick_agent, pipeline_mod, print_summary, printer, rerun_mod, run_options, say,

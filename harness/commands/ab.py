@@ -37,7 +37,8 @@ from ..lifecycle import runs
 from ..reporting import report
 from ..agents import Researcher, make_researcher
 from .arms import ArmSpec
-from ..config import RunConfig, resolve
+from ..config import RunConfig
+from ..config.load import resolve
 from ..errors import ConfigError, RepoError
 from ..gitgate import GitGate
 from ..lifecycle.runs import Progress, no_progress

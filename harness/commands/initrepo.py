@@ -5,7 +5,8 @@ import shutil
 import time
 from pathlib import Path
 
-from ..config import read_repo_settings, toml_lines
+from ..config.load import read_repo_settings
+from ..config import toml_lines
 from ..errors import RepoError
 from ..gitgate import GitGate, run_git
 
@@ -80,7 +81,7 @@ def example_dir() -> Path:
 
 
 def settings_text(train_command: str, protected: list[str], extra: dict[str, str] | None = None) -> str:
-    """The [tool.harness] table `harness init` writes, each key's comment its help in the schema (config.py)."""
+    """The [tool.harness] table `harness init` writes, each key's comment its help in the schema (config/)."""
     return "[tool.harness]\n" + toml_lines({
         "editable": ["train.py"], "protected": protected, "train_command": train_command, "metric": "val_bpb",
         "direction": "minimize", "time_budget": 300, "program": "program.md", **(extra or {}),

@@ -26,7 +26,8 @@ from ..agents import pricing
 from ..integrity import seal
 from ..reporting import figures
 from ..agents import Researcher, make_researcher, routing_mismatch
-from ..config import RunConfig, compare_resume, refusal_message
+from ..config import RunConfig
+from ..config.resume import compare_resume, refusal_message
 from ..errors import RepoError
 from ..agents import sandboxed
 from ..executors import budget, sandbox, uvenv
@@ -374,7 +375,7 @@ def open_run(cfg: RunConfig, resume: bool, progress: Progress = no_progress,
                             f"or pass --force.")
         if changed:  # --force: continued all the same, and said so where the run's history is
             events.record(cfg.run_dir, "resume_forced", "researcher changed on resume: " + "; ".join(changed))
-        refused, limits = compare_resume(manifest.get("config", {}), cfg)  # config.py: budget, metric, gate...
+        refused, limits = compare_resume(manifest.get("config", {}), cfg)  # config/: budget, metric, gate...
         if refused:
             raise RepoError(refusal_message(cfg.tag, refused))
         if limits:

@@ -12,7 +12,7 @@ import pytest
 
 from harness import ledger
 from harness.driver import loop as driver
-from harness.config import resolve
+from harness.config.load import resolve
 
 from conftest import ScriptedResearcher, git
 

@@ -17,7 +17,7 @@ import pytest
 from harness.driver import loop as driver
 from harness import ledger
 from harness.agents import Proposal
-from harness.config import resolve
+from harness.config.load import resolve
 from harness.executors import budget, evaluation, gputime
 
 from conftest import ScriptedResearcher, make_repo, set_globals

@@ -14,7 +14,7 @@ import pytest
 
 from harness.driver import loop as driver
 from harness import ledger
-from harness.config import resolve
+from harness.config.load import resolve
 
 from conftest import ScriptedResearcher, git
 

@@ -21,7 +21,7 @@ import pytest
 
 from harness.driver import loop as driver
 from harness import ledger
-from harness.config import resolve
+from harness.config.load import resolve
 
 from conftest import git, make_repo
 from fakes.helpers import harness, install_stand_ins, rows

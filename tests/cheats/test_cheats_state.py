@@ -22,7 +22,7 @@ import pytest
 from harness.driver import loop as driver
 from harness.ledger import events, guard as ledgerguard
 from harness import ledger
-from harness.config import resolve
+from harness.config.load import resolve
 from harness.errors import RepoError
 
 from conftest import ScriptedResearcher, git

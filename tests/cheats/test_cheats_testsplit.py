@@ -24,7 +24,7 @@ import pytest
 from harness.driver import loop as driver
 from harness import ledger
 from harness.workload import testsplit
-from harness.config import resolve
+from harness.config.load import resolve
 
 from conftest import git
 

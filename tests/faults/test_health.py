@@ -7,7 +7,7 @@ from pathlib import Path
 from harness import ledger
 from harness.driver import loop as driver
 from harness.agents import Proposal, Usage
-from harness.config import resolve
+from harness.config.load import resolve
 
 from conftest import ScriptedResearcher
 

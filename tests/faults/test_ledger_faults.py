@@ -10,7 +10,7 @@ import pytest
 from harness import ledger
 from harness.ledger import guard as ledgerguard
 from harness.driver import loop as driver
-from harness.config import resolve
+from harness.config.load import resolve
 from harness.errors import LedgerError
 from harness.ledger import Row
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.driver import loop as driver
-from harness.config import resolve
+from harness.config.load import resolve
 
 from conftest import ScriptedResearcher, git
 from fakes.helpers import harness, rows as ledger_rows

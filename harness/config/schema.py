@@ -2,7 +2,7 @@
 (`Kind`: type, bounds or choices, and the words that say what is allowed), and what is derived from
 the table of them: validation, the comments `harness init` writes, the docs' settings table.
 
-The table itself is declared in config.py, on `RunConfig`'s own fields: each field that is a setting
+The table itself is declared in config/__init__.py, on `RunConfig`'s own fields: each field that is a setting
 carries its `Setting` in the dataclass field's metadata (`setting(...)`), so a setting's name, type,
 default, bounds, help, flag and resume rule are one declaration, and the frozen `RunConfig` stays a
 plain dataclass.
