@@ -122,5 +122,5 @@ def duty_text(w: Watched) -> str:
 
 
 def has_gpu_device(device: Any) -> bool:
-    """run.json's device: the first GPU's name, or `cpu (arch)` (runs.device_name)."""
+    """run.json's device: the first GPU's name, or `cpu (arch)` (lifecycle/manifest.py: device_name)."""
     return bool(device) and not str(device).startswith("cpu")
