@@ -1,6 +1,6 @@
 """The `harness` command's entry: a Ctrl-C in its first second (while the CLI's modules import,
 before the run's own handlers exist, driver/signals.py's interrupts) ends it with one line and 130, never a
-traceback; then the CLI (cli.py) takes over."""
+traceback; then the CLI (cli/) takes over."""
 from __future__ import annotations
 
 import os

@@ -1,4 +1,4 @@
-"""harness/atomic.py: the one durable write. Every file a resume or a later supervisor trusts goes
+"""harness/ledger/atomic.py: the one durable write. Every file a resume or a later supervisor trusts goes
 through it (a write cut short leaves the old bytes or the new); tried.txt's appends are fsynced."""
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ def test_every_declared_flag_is_a_flag_of_harness_run_and_sets_that_setting():
     opts = {o: p for p in params.values() for o in [*p.opts, *p.secondary_opts]}
     for name, s in config.ALL_SETTINGS.items():
         if not s.flag:
-            assert name not in params, f"{name} has a flag in cli.py; declare it"
+            assert name not in params, f"{name} has a flag in the CLI; declare it"
             continue
         for flag in s.flag.split(" ")[0].split("/"):
             assert flag in opts, (name, flag)

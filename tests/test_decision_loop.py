@@ -1,4 +1,4 @@
-"""The driver's one decision loop (driver.py): workers only propose and train; the loop alone
+"""The driver's one decision loop (driver/): workers only propose and train; the loop alone
 decides, moves the branch and writes rows, so a blocked display, a stop in the middle of several
 lanes' decisions, a proposal that comes back late and a failed confirmation all leave the ledger
 and the branch in agreement."""

@@ -519,7 +519,7 @@ def test_two_arm_posterior_is_jeffreys_beta_posterior_on_the_win_rate():
 
 def test_cli_elo_starts_without_the_run_machinery_scipy_or_matplotlib(tmp_path: Path):
     """`harness elo` took 33 s of CPU for six ledgers: a plain run imports neither the driver's
-    machinery (lazy in cli.py), nor scipy, nor matplotlib (only --out draws plots);
+    machinery (lazy in cli/), nor scipy, nor matplotlib (only --out draws plots);
     benchmarks/elo_speed.py times it."""
     import subprocess
 

@@ -1,4 +1,4 @@
-"""Resume trust (harness/trust.py): the best comes from the branch checked against the ledger."""
+"""Resume trust (harness/ledger/trust.py): the best comes from the branch checked against the ledger."""
 from __future__ import annotations
 
 import hashlib

@@ -142,10 +142,10 @@ class RunConfig:
                                              "data is hidden", None, none="none")
     test_command: str | None = declare(None, Text(describe="a command line", none=True),
                                        "the private test split's figure (evaluate_command's contract); never "
-                                       "decides (testsplit.py)", None, none="none")
+                                       "decides (workload/testsplit.py)", None, none="none")
     test_every: int = declare(0, Number(ge=0, integer=True, zero="at the end of the run only"),
                               "keeps between test scorings of the best so far", resume=RECORDED)
-    score_test: bool = False  # internal: this job's model is scored on the test split too (testsplit.py)
+    score_test: bool = False  # internal: this job's model is scored on the test split too (workload/testsplit.py)
     # --- Where jobs run (docs/cluster.md)
     executor: str = declare("local", Choice(options=EXECUTORS),
                             "where training jobs run: this machine (local) or a Ray cluster (ray)")

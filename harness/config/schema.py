@@ -8,12 +8,12 @@ default, bounds, help, flag and resume rule are one declaration, and the frozen 
 plain dataclass.
 
 Why not pydantic (DESIGN.md names it as one way): `RunConfig` is a frozen dataclass that callers
-`dataclasses.replace` (check.py, testsplit.py, the Ray executor and worker), pickle into Ray tasks and
+`dataclasses.replace` (commands/check.py, workload/testsplit.py, the Ray executor and worker), pickle into Ray tasks and
 `asdict` into run.json; a pydantic model breaks `replace`, a pydantic dataclass re-validates on every
 `replace` and coerces in lax mode ("300" -> 300, 1 -> True) unless each field is made strict; its
 messages ("Input should be greater than 0") would be rewritten for every kind anyway to name the key,
 the value, what is allowed and where it came from; and importing it costs 150-300 ms on the path of
-every `harness` command (cli.py imports config). The kinds here are a few dozen lines, import nothing
+every `harness` command (the CLI imports config). The kinds here are a few dozen lines, import nothing
 and keep today's messages.
 """
 from __future__ import annotations

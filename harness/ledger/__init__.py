@@ -147,7 +147,7 @@ def _fmt(value: Any) -> str:
 def append(path: Path, metric: str, row: Row) -> None:
     """Append one row (writing the header first for a new file), flushed and fsynced.
 
-    The harness's own copy is written first and the ledger checked against it (ledgerguard.py).
+    The harness's own copy is written first and the ledger checked against it (guard.py).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     current = ledgerguard.sync(path)  # a torn line repaired, an edit behind our back undone

@@ -203,7 +203,7 @@ def build_tasks(trajs: list[Trajectory], budget: str) -> list[Task]:
 
 
 def noise_floor(trajs: list[Trajectory]) -> float | None:
-    """The task's run-to-run sigma: repeats of identical code pooled over its ledgers (decide.py's
+    """The task's run-to-run sigma: repeats of identical code pooled over its ledgers (driver/decide.py's
     pooling), else the largest sigma a ledger recorded; None when nothing was measured twice."""
     groups = [g for t in trajs for g in decide.repeat_groups(t.rows)]
     pooled = decide.pooled_sigma(groups)

@@ -17,7 +17,7 @@ summary.json all take baseline, best and improvement from `headline()`:
 
 This is karpathy/autoresearch's own reading of results.tsv (the first kept row is the
 baseline, later kept rows are the improvements, the metric column holds the value), so its
-analysis code gets the same figures; ledger.py writes the decided value into the metric
+analysis code gets the same figures; ledger/ writes the decided value into the metric
 column to keep it so.
 """
 from __future__ import annotations

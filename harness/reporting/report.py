@@ -325,7 +325,7 @@ def summarize(paths: list[Path]) -> tuple[dict[str, Any], list[ArmData]]:
     }
     summary["consistency"] = repeats.for_report(pooled, figs, summary["convergent"]["per_arm"])
     summary["verdict"]["text"] += summary["consistency"]["disagree"]
-    for a, f in zip(arms, figs):  # the private test split beside the validation figures (testsplit.py)
+    for a, f in zip(arms, figs):  # the private test split beside the validation figures (workload/testsplit.py)
         f["test_split"] = testsplit.for_report(a.ledger.parent, a.rows, a.metric, a.direction,
                                                _read_json(a.ledger.parent / "run.json").get("config", {}),
                                                f["noise_sigma"])
