@@ -53,6 +53,7 @@ if __name__ == "__main__":  # `uv run prepare.py`, once, before any training
 TRAIN = '''import os, sys
 from prepare import TIME_BUDGET, vocab_size
 assert vocab_size() == 256  # the data prepare.py cached in the home, read through the sandbox
+assert os.environ["HF_HUB_OFFLINE"] == "1"  # no network: a hub download (upstream's kernels) reads its cache
 DEPTH = 8
 MATRIX_LR = 0.04
 WARMUP_RATIO = 0.0
@@ -138,6 +139,14 @@ def test_a_job_that_cannot_see_its_data_is_told_to_set_data_paths(karpathy_repo,
     folder = Path(os.environ["HOME"]) / ".cache" / "autoresearch" / "tokenizer"
     assert f"the job cannot see {folder / 'vocab.txt'}" in check.output, check.output
     assert f'data_paths = ["{folder}"]' in check.output
+
+
+def test_init_shows_the_hub_cache_to_a_train_py_that_loads_kernels_from_the_hub(karpathy_repo):
+    train = karpathy_repo / "train.py"
+    train.write_text("from kernels import get_kernel\n" + train.read_text())  # upstream's attention kernel
+    assert harness("init", "--repo", karpathy_repo).exit_code == 0
+    settings = (karpathy_repo / "pyproject.toml").read_text()
+    assert 'data_paths = ["~/.cache/autoresearch", "~/.cache/huggingface"]' in settings, settings
 
 
 def test_without_uv_the_check_names_the_install_command(karpathy_repo, monkeypatch, tmp_path):

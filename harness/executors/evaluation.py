@@ -37,6 +37,9 @@ from ..gitgate import Worktree
 from ..runner import RESULT_TAIL_BYTES, TrainResult, run_training, tail, training_env
 from . import budget, limits, sandbox, uvenv, view
 
+# A job without network: libraries that fetch from the Hugging Face hub take what is in their cache
+# (shown through data_paths) at once, instead of trying the network first.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1"}
 # Caches that tools write under $HOME, sent to the private /tmp (the home is not in the sandbox's view).
 SANDBOX_ENV = {"TMPDIR": "/tmp", "TRITON_HOME": "/tmp", "TRITON_CACHE_DIR": "/tmp/.triton",
                "TORCHINDUCTOR_CACHE_DIR": "/tmp/.inductor", "CUDA_CACHE_PATH": "/tmp/.nv", "MPLCONFIGDIR": "/tmp/.mpl"}
@@ -187,6 +190,8 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
     readonly += shown_data(cfg)
     if choice.on:
         extra.update(SANDBOX_ENV, HARNESS_RESULT_FILE=str(space.out / "result.json"))
+        if not cfg.network:  # the Hugging Face hub's libraries (karpathy's `kernels`) read their cache only
+            extra.update(OFFLINE_ENV)
     guard.before_training(cfg.run_dir, worktree, cfg.protected, result_file)
     refused = unshowable(choice, cfg.train_command)
     if refused is not None:
