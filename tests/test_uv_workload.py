@@ -32,12 +32,28 @@ description = "a CPU stand-in with the upstream layout"
 requires-python = ">=3.10"
 dependencies = []
 """
-PREPARE = '''"""Fixed constants and the evaluation (read-only for the researcher)."""
+PREPARE = '''"""Fixed constants, the data and the evaluation (read-only for the researcher)."""
+import os
 MAX_SEQ_LEN = 2048
 TIME_BUDGET = 300
+CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "autoresearch")  # upstream keeps its data here
+TOKENIZER = os.path.join(CACHE_DIR, "tokenizer", "vocab.txt")
+
+
+def vocab_size():
+    with open(TOKENIZER) as f:
+        return len(f.read().split())
+
+
+if __name__ == "__main__":  # `uv run prepare.py`, once, before any training
+    os.makedirs(os.path.dirname(TOKENIZER), exist_ok=True)
+    with open(TOKENIZER, "w") as f:
+        f.write(" ".join(str(i) for i in range(256)))
 '''
 TRAIN = '''import os, sys
-from prepare import TIME_BUDGET
+from prepare import TIME_BUDGET, vocab_size
+assert vocab_size() == 256  # the data prepare.py cached in the home, read through the sandbox
+assert os.environ["HF_HUB_OFFLINE"] == "1"  # no network: a hub download (upstream's kernels) reads its cache
 DEPTH = 8
 MATRIX_LR = 0.04
 WARMUP_RATIO = 0.0
@@ -64,11 +80,13 @@ def uv_path() -> str:
 @pytest.fixture
 def karpathy_repo(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", uv_path())
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the data prepare.py caches goes to a home of the test's
     repo = tmp_path / "autoresearch"
     repo.mkdir()
     for name, text in (("pyproject.toml", PYPROJECT), ("prepare.py", PREPARE), ("train.py", TRAIN),
                        ("program.md", PROGRAM), (".python-version", "3.11\n")):
         (repo / name).write_text(text)
+    subprocess.run([sys.executable, "prepare.py"], cwd=repo, check=True, timeout=60)
     subprocess.run([UV, "lock", "--offline"], cwd=repo, check=True, capture_output=True, timeout=120,
                    env={**os.environ, "UV_PYTHON": sys.executable, "UV_PYTHON_DOWNLOADS": "never"})
     git(repo, "init", "-q", "-b", "master")
@@ -87,7 +105,9 @@ def test_init_check_and_a_night_with_uv_under_the_sandbox(karpathy_repo, monkeyp
     monkeypatch.setenv("UV_PYTHON", sys.executable)  # the stand-in needs no download of a Python
     init = harness("init", "--repo", karpathy_repo)
     assert init.exit_code == 0, init.output
-    assert 'train_command = "uv run train.py"' in (karpathy_repo / "pyproject.toml").read_text()
+    settings = (karpathy_repo / "pyproject.toml").read_text()
+    assert 'train_command = "uv run train.py"' in settings
+    assert 'data_paths = ["~/.cache/autoresearch"]' in settings  # where prepare.py cached its data
     git(karpathy_repo, "add", "-A")
     git(karpathy_repo, "commit", "-qm", "harness settings")
     check = harness("check", "--repo", karpathy_repo, "--agent", "mutate", "--sandbox", "bwrap")
@@ -104,6 +124,29 @@ def test_init_check_and_a_night_with_uv_under_the_sandbox(karpathy_repo, monkeyp
     assert len(envs) == 1  # built once for the night, outside the worktree
     assert not (karpathy_repo / "runs" / "night" / "worktree" / ".venv").exists()
     assert json.loads((karpathy_repo / "runs" / "night" / "run.json").read_text())["sandbox_caps"]["CapEff"] == "0" * 16
+
+
+def test_a_job_that_cannot_see_its_data_is_told_to_set_data_paths(karpathy_repo, monkeypatch):
+    monkeypatch.setenv("UV_PYTHON", sys.executable)
+    harness("init", "--repo", karpathy_repo)
+    pyproject = karpathy_repo / "pyproject.toml"
+    pyproject.write_text("\n".join(line for line in pyproject.read_text().splitlines()
+                                   if not line.startswith("data_paths")) + "\n")
+    git(karpathy_repo, "add", "-A")
+    git(karpathy_repo, "commit", "-qm", "harness settings, without the data")
+    check = harness("check", "--repo", karpathy_repo, "--agent", "mutate", "--sandbox", "bwrap")
+    assert check.exit_code != 0
+    folder = Path(os.environ["HOME"]) / ".cache" / "autoresearch" / "tokenizer"
+    assert f"the job cannot see {folder / 'vocab.txt'}" in check.output, check.output
+    assert f'data_paths = ["{folder}"]' in check.output
+
+
+def test_init_shows_the_hub_cache_to_a_train_py_that_loads_kernels_from_the_hub(karpathy_repo):
+    train = karpathy_repo / "train.py"
+    train.write_text("from kernels import get_kernel\n" + train.read_text())  # upstream's attention kernel
+    assert harness("init", "--repo", karpathy_repo).exit_code == 0
+    settings = (karpathy_repo / "pyproject.toml").read_text()
+    assert 'data_paths = ["~/.cache/autoresearch", "~/.cache/huggingface"]' in settings, settings
 
 
 def test_without_uv_the_check_names_the_install_command(karpathy_repo, monkeypatch, tmp_path):

@@ -1,6 +1,8 @@
 """`harness init`: settings for an existing repo, or a new repo with the bundled workload."""
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -103,7 +105,12 @@ def init_repo(repo: Path) -> list[str]:
         # A uv project (karpathy/autoresearch is one) trains through uv.
         command = "uv run train.py" if (repo / "uv.lock").exists() else "python train.py"
         protected = [p for p in ("prepare.py",) if (repo / p).exists()]
-        text = settings_text(command, protected)
+        data = home_data(repo)
+        text = settings_text(command, protected, {"data_paths": data} if data else None)
+        if data:
+            notes.append(f"the job may read {', '.join(data)} (data_paths: the sandbox shows it nothing else "
+                         f"of your home and no network); prepare the data, and fill any download cache "
+                         f"(one `{command}` outside the harness), before the night")
         pyproject = repo / "pyproject.toml"
         if pyproject.exists():
             old = pyproject.read_text()
@@ -118,6 +125,48 @@ def init_repo(repo: Path) -> list[str]:
         notes.append("added /runs/ and /results.tsv to .git/info/exclude")
     notes.append("commit these files, then: harness run --agent mutate --iterations 5")
     return notes
+
+
+# Where a workload's own code keeps data under the home (karpathy/autoresearch's prepare.py caches
+# its shards and tokenizer in ~/.cache/autoresearch): os.path.join(os.path.expanduser("~"), ".cache",
+# "x"), "~/.cache/x" in a string, or Path.home() / ".cache" / "x".
+_PART = r"""["']([^"'/\n]+)["']"""
+HOME_JOIN_RE = re.compile(r"""expanduser\(\s*["']~["']\s*\)((?:\s*,\s*""" + _PART + r")+)")
+HOME_PATH_RE = re.compile(r"""["'](~/[^"'\s]+)["']""")
+HOME_DIV_RE = re.compile(r"Path\.home\(\)((?:\s*/\s*" + _PART + r")+)")
+
+
+# Libraries that fetch from the Hugging Face hub at run time (karpathy's train.py loads its attention
+# kernel with `kernels.get_kernel`): without network the job needs their cache.
+HUB_IMPORT_RE = re.compile(r"^\s*(?:from|import)\s+(?:kernels|huggingface_hub|transformers|datasets)\b", re.M)
+
+
+def hub_cache() -> str:
+    """The Hugging Face cache as the user has it (HF_HOME), in the home's `~` form where it is there."""
+    cache = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
+    try:
+        return f"~/{cache.relative_to(Path.home())}"
+    except ValueError:
+        return str(cache)
+
+
+def home_data(repo: Path) -> list[str]:
+    """The folders under the home that the workload's prepare.py and train.py name, for
+    `data_paths` (outside the repo the sandboxed job sees nothing of the home otherwise), and the
+    Hugging Face cache where they import a library that downloads from the hub."""
+    found: list[str] = []
+    for name in ("prepare.py", "train.py"):
+        path = repo / name
+        text = path.read_text(errors="replace") if path.is_file() else ""
+        if HUB_IMPORT_RE.search(text):
+            found.append(hub_cache())
+        for regex in (HOME_JOIN_RE, HOME_DIV_RE):
+            for match in regex.finditer(text):
+                found.append("~/" + "/".join(re.findall(_PART, match.group(1))))
+        found += [m.group(1).rstrip("/") for m in HOME_PATH_RE.finditer(text)]
+    # a folder inside one already found adds nothing
+    unique = sorted(set(found), key=len)
+    return sorted(f for f in unique if not any(f != g and f.startswith(g + "/") for g in unique))
 
 
 def write_program(program: Path) -> list[str]:

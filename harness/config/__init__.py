@@ -129,6 +129,9 @@ class RunConfig:
     sandbox: str = declare("auto", Choice(options=SANDBOXES),
                            "training jobs and evaluations under bubblewrap (executors/sandbox.py)")
     network: bool = declare(False, Flag(), "sandboxed jobs may reach the network", "--network/--no-network")
+    data_paths: tuple[str, ...] = declare((), Strings(), "folders outside the repo the sandboxed job may read, "
+                                          "read-only (~ expands): e.g. the data prepare.py cached in your home",
+                                          None, resume=RECORDED)
     agent_sandbox: str = declare("auto", Choice(options=SANDBOXES),
                                  "the researcher's own process under bubblewrap (agents/sandboxed.py)")
     agent_network: bool = declare(True, Flag(), "the sandboxed researcher may reach the network (its API); "

@@ -38,6 +38,9 @@ from ..gitgate import Worktree
 from ..workload.runner import RESULT_TAIL_BYTES, TrainResult, run_training, tail, training_env
 from . import budget, limits, sandbox, uvenv, view
 
+# A job without network: libraries that fetch from the Hugging Face hub take what is in their cache
+# (shown through data_paths) at once, instead of trying the network first.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1"}
 # Caches that tools write under $HOME, sent to the private /tmp (the home is not in the sandbox's view).
 SANDBOX_ENV = {"TMPDIR": "/tmp", "TRITON_HOME": "/tmp", "TRITON_CACHE_DIR": "/tmp/.triton",
                "TORCHINDUCTOR_CACHE_DIR": "/tmp/.inductor", "CUDA_CACHE_PATH": "/tmp/.nv", "MPLCONFIGDIR": "/tmp/.mpl"}
@@ -185,8 +188,11 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
             return uv
         extra.update(uv.env, UV_CACHE_DIR="/tmp/.uv-cache" if choice.on else str(space.tmp / ".uv-cache"))
         readonly += list(uv.readonly)
+    readonly += shown_data(cfg)
     if choice.on:
         extra.update(SANDBOX_ENV, HARNESS_RESULT_FILE=str(space.out / "result.json"))
+        if not cfg.network:  # the Hugging Face hub's libraries (karpathy's `kernels`) read their cache only
+            extra.update(OFFLINE_ENV)
     guard.before_training(cfg.run_dir, worktree, cfg.protected, result_file)
     refused = unshowable(choice, cfg.train_command)
     if refused is not None:
@@ -208,6 +214,8 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
         shutil.rmtree(space.root, ignore_errors=True)
         return replace(result, reason=f"{disk.REASON} ({disk.free_mb(log_path.parent)} MB free under "
                                       f"{log_path.parent}) while it trained")
+    if result.status == "crash" and choice.on:
+        result = replace(result, reason=unseen_hint(result.reason, log_path, cfg))
     if cfg.evaluate_command:
         result = job_outcome(result, log_path)
     elif result.status != "invalid":  # a bound the job ran into (limits.py) stays its verdict
@@ -224,6 +232,31 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
         result = replace(result, test_metrics=score_test(cfg, worktree, space, base, choice, log_path, cancel))
     shutil.rmtree(space.root, ignore_errors=True)  # the saved model can be large; the logs stay
     return result
+
+
+def shown_data(cfg: RunConfig) -> list[Path]:
+    """The folders outside the repo the workload names for its job to read (`data_paths`, ~
+    expanded), read-only; one that does not exist is not shown (the job's own error names it)."""
+    return [Path(os.path.expanduser(p)).resolve() for p in cfg.data_paths]
+
+
+# A path the job failed to open: Python's FileNotFoundError, or a C library's "PATH: No such file"
+MISSING_RE = re.compile(r"No such file or directory: '(/[^'\n]+)'|(/[^\s:'\"]+): No such file or directory")
+
+
+def unseen_hint(reason: str, log_path: Path, cfg: RunConfig) -> str:
+    """A crash on a file that exists on this machine but outside the sandbox's view (data a
+    prepare.py cached in the home, say) says what to change, not only the traceback's last line."""
+    for match in MISSING_RE.finditer(tail(log_path, RESULT_TAIL_BYTES)):
+        path = Path(match.group(1) or match.group(2))
+        kept = (cfg.repo, cfg.run_dir, view.data_cache())  # what the job is denied on purpose
+        if path.exists() and not any(path.is_relative_to(k) for k in kept):
+            folder = path if path.is_dir() else path.parent
+            hint = (f"the job cannot see {path}: the sandbox shows it only the worktree, its interpreter "
+                    f"and the system; add its folder to data_paths in the repo's settings "
+                    f"(data_paths = [\"{folder}\"]) to show it read-only")
+            return f"{reason}; {hint}" if reason else hint
+    return reason
 
 
 MAX_JOB_FILE_BYTES = 1 << 20  # a job's result file is a few hundred bytes
