@@ -100,7 +100,11 @@ def assert_recovered(repo: Path, tag: str, iterations: int, run_dir: Path | None
     assert data.endswith(b"\n"), "a torn last line was left in the ledger"
     assert data == ledgerguard.shadow_path(path).read_bytes(), "ledger and the harness's copy differ"
     rows = ledger.read_rows(path)
-    assert sorted(r["iteration"] for r in candidates(rows)) == list(range(iterations + 1)), rows  # lanes: any order
+    numbered = candidates(rows)  # lanes: any order; a proposal back after a stop is a `stopped` row with a
+    # number of its own (its spend), not one of --iterations
+    assert sorted(r["iteration"] for r in numbered) == list(range(len(numbered))), rows  # no gap, no double
+    assert len([r for r in numbered if r["status"] != "stopped"]) == iterations + 1, rows
+    assert all(r["metric"] is None for r in numbered if r["status"] == "stopped"), rows  # never trained
     assert len(data.decode().strip().split("\n")) == len(rows) + 1  # header + rows: no line unparsed
     best = ledger.best_row(rows)
     wt = run_dir / "worktree"
