@@ -588,7 +588,7 @@ class RunDriver:
         is kept, it was trained on the old best: decided as a lane's candidate whose best moved
         (a win is rebased and trained again, `decided`). Only for a workload with a separate
         evaluation (evaluate_command): without one there is nothing to train beside."""
-        if lane.following is not None or lane.queued is None or not self.cfg.evaluate_command \
+        if lane.following is not None or lane.queued is None or not self.pipelined or not self.cfg.evaluate_command \
                 or not getattr(self.executor, "overlaps", False):
             return
         slot, cand = lane.queued
@@ -602,7 +602,7 @@ class RunDriver:
         lane's next proposal starts in the worktree the decided one left."""
         tr, lane.following = lane.following, None
         lane.training, lane.checked = tr, False
-        slot = lane.slots.index(tr.ctx)
+        slot = next(i for i, ctx in enumerate(lane.slots) if ctx is tr.ctx)
         if self.pipelined and not self.retiring(lane) and lane.proposing is None and not lane.done:
             self.propose(lane, 1 - slot, self.note(tr.cand))
 

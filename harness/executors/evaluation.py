@@ -23,7 +23,6 @@ local executor runs after it has handed the slot to the next job: docs/pipeline.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -40,7 +39,7 @@ from ..integrity import guard, seal
 from ..config import RunConfig
 from ..gitgate import Worktree
 from ..runner import RESULT_TAIL_BYTES, TrainResult, run_training, tail, training_env
-from . import budget, limits, sandbox, uvenv, view
+from . import budget, limits, sandbox, traindata, uvenv, view
 
 # Caches that tools write under $HOME, sent to the private /tmp (the home is not in the sandbox's view).
 SANDBOX_ENV = {"TMPDIR": "/tmp", "TRITON_HOME": "/tmp", "TRITON_CACHE_DIR": "/tmp/.triton",
@@ -212,7 +211,7 @@ def train_job(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
     on_gpu = has_gpu(extra.get("CUDA_VISIBLE_DEVICES"))
     readonly = [worktree / ".git"]  # the job may not point the worktree at another repository
     if cfg.train_data_command:
-        data_dir = export_training_data(cfg, worktree, where, base, choice, log_path, cancel, protected_sha256)
+        data_dir = traindata.export(cfg, worktree, where, base, choice, log_path, cancel, protected_sha256)
         if isinstance(data_dir, TrainResult):
             return data_dir
         extra["HARNESS_DATA_DIR"] = str(data_dir)
@@ -269,18 +268,19 @@ def train_job(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
 
 
 def finish(trained: Trained | TrainResult, cancel: threading.Event | None = None,
-           overlap_s: float = 0.0) -> TrainResult:
+           overlap_s: float = 0.0, beside: bool = False) -> TrainResult:
     """The evaluation half: evaluate_command (and test_command for a test job) on what the job
     left; the job's folders removed after. overlap_s: how much longer the evaluation may take
-    because training jobs run beside it (local.py lets the next job train meanwhile)."""
+    because training jobs may run beside it (local.py lets the next job train meanwhile); beside:
+    one does now, so the scorers yield the CPU to it (EVAL_NICE)."""
     if isinstance(trained, TrainResult):
         return trained
     t, result = trained, trained.result
     try:
         if t.cfg.evaluate_command and result.status == "ok":
-            result = evaluate(t, cancel, overlap_s)
+            result = evaluate(t, cancel, overlap_s, beside)
         if t.testing and result.status == "ok":
-            result = replace(result, test_metrics=score_test(t, cancel, overlap_s))
+            result = replace(result, test_metrics=score_test(t, cancel, overlap_s, beside))
     finally:
         shutil.rmtree(t.space.root, ignore_errors=True)  # the saved model can be large; the logs stay
     return result
@@ -366,62 +366,12 @@ def harness_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-EXPORTS = "train-data"  # in the run folder: the training splits exported for the jobs, one folder per key
-_EXPORT_LOCKS: dict[Path, threading.Lock] = {}  # one export per folder at a time (slots, baseline runs)
-_EXPORT_LOCKS_GUARD = threading.Lock()
-
-
-def export_key(base: str, protected_sha256: dict[str, str] | None, dataset: str) -> str:
-    """The export's folder name: the baseline commit, the protected files' recorded sha256 and the
-    dataset; the same baseline exports once, another one (a --rebaseline) exports anew."""
-    digest = hashlib.sha256(json.dumps(sorted((protected_sha256 or {}).items())).encode()).hexdigest()[:12]
-    return f"{base[:12]}-{digest}-{dataset}"
-
-
-def export_training_data(cfg: RunConfig, worktree: Path, where: Path, base: str, choice: sandbox.Choice,
-                         log_path: Path, cancel: threading.Event | None = None,
-                         protected_sha256: dict[str, str] | None = None) -> Path | TrainResult:
-    """Run train_data_command once per baseline and dataset; the folder every job gets read-only.
-
-    Run state like the ledger's shadow: written by the harness into the run folder (which no
-    sandbox shows), in a folder of its own and renamed into place when the command succeeded, so
-    a killed export is never taken for a finished one; two jobs that need it at once (two slots,
-    the baseline's runs) wait for one export. cancel set (Ctrl-C, SIGTERM) stops it as promptly as
-    a training job (KeyboardInterrupt)."""
-    dataset = re.sub(r"[^A-Za-z0-9._-]", "_", os.environ.get("HARNESS_DATASET", "default"))
-    root = where / EXPORTS
-    dest = root / export_key(base, protected_sha256, dataset)
-    with _EXPORT_LOCKS_GUARD:
-        lock = _EXPORT_LOCKS.setdefault(dest, threading.Lock())
-    with lock:
-        if (dest / ".done").exists():
-            return dest
-        work, tmp, staging = root / "files", root / "tmp", root / f".{dest.name}.partial"
-        materialise(worktree, base, cfg.protected, work)
-        for folder in (staging, tmp):
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir(parents=True)
-        log = root / "export.log"
-        wrap = wrapper(choice, worktree=work, tmp_dir=tmp, output_dir=staging, readonly=[view.data_cache()],
-                       hidden=[p for p in (cfg.run_dir, cfg.repo / ".git", view.HARNESS_PACKAGE) if p.exists()])
-        bounds = limits.of(cfg, where).watching(private_tmp=tmp)  # the split itself may be larger than a job's files
-        done = run_training(cfg.train_data_command, work, harness_env({"HARNESS_OUTPUT_DIR": str(staging)}),
-                            log, metric="-", kill_after_s=cfg.kill_after, wrap=wrap, cancel=cancel, limits=bounds)
-        if done.returncode != 0:
-            return TrainResult("crash", reason=f"train_data_command failed ({done.reason}): {tail(log, 600)}")
-        (staging / ".done").write_text(json.dumps({"baseline": base, "dataset": dataset,
-                                                   "protected_sha256": protected_sha256 or {}}) + "\n")
-        shutil.rmtree(dest, ignore_errors=True)  # a half-written folder an older harness left
-        staging.rename(dest)
-        shutil.rmtree(tmp, ignore_errors=True)
-        return dest
-
-
 EVAL_NICE = 10  # the scorers' niceness: on a CPU they take what the training job beside them leaves
 EVAL_GPU_MEMORY_FRACTION = 0.1  # of the slot's GPU a scorer may allocate (HARNESS_GPU_MEMORY_FRACTION)
 
 
-def evaluate(t: Trained, cancel: threading.Event | None = None, overlap_s: float = 0.0) -> TrainResult:
+def evaluate(t: Trained, cancel: threading.Event | None = None, overlap_s: float = 0.0,
+             beside: bool = False) -> TrainResult:
     """Run evaluate_command from the baseline's files on what the job left; its result is the metric.
 
     It has its own deadline (limits.eval_deadline, longer by overlap_s), bounds (limits.of) and
@@ -429,7 +379,7 @@ def evaluate(t: Trained, cancel: threading.Event | None = None, overlap_s: float
     cfg, job, space = t.cfg, t.result, t.space
     eval_log = t.log_path.with_suffix(".eval.log")
     done, figures, why = run_scorer(t, cfg.evaluate_command, eval_log, (space.evaluator, space.eval_tmp,
-                                                                         space.eval_out), t.at_base, cancel, overlap_s)
+                                                                         space.eval_out), t.at_base, cancel, overlap_s, beside)
     logged = {k: v for k, v in job.metrics.items()  # the job's own figures: a log, never the metric
               if k != cfg.metric and isinstance(v, float)}
     job = replace(job, metrics=logged)  # whatever the evaluation says, the job's printed metric is gone
@@ -454,13 +404,15 @@ def evaluate(t: Trained, cancel: threading.Event | None = None, overlap_s: float
 
 
 def run_scorer(t: Trained, command: str, scorer_log: Path, folders: tuple[Path, Path, Path], at_base: bool,
-               cancel: threading.Event | None, overlap_s: float = 0.0) -> tuple[TrainResult, dict | None, str]:
+               cancel: threading.Event | None, overlap_s: float = 0.0,
+               beside: bool = False) -> tuple[TrainResult, dict | None, str]:
     """Run a scorer (evaluate_command, test_command) from the baseline's protected files (written
     from git by train_job) in its own sandbox, the job's output folder read-only; (how it ended, its
     result file, what its deadline is). folders: its copy of the baseline's files, its private /tmp,
     its result folder. It sees nothing of the slot's worktree (where the next job may train now) nor
-    of any other job's folders: the run folder is hidden, and only its own folders are shown. It runs
-    at a lower CPU priority (EVAL_NICE) and, on a GPU, within EVAL_GPU_MEMORY_FRACTION of it."""
+    of any other job's folders: the run folder is hidden, and only its own folders are shown. With a
+    training job beside it (beside) it runs at a lower CPU priority (EVAL_NICE); on a GPU, always
+    within EVAL_GPU_MEMORY_FRACTION of it."""
     cfg, space = t.cfg, t.space
     files, tmp, out = folders
     result_file = out / "result.json"
@@ -473,7 +425,7 @@ def run_scorer(t: Trained, command: str, scorer_log: Path, folders: tuple[Path, 
               if p.exists()]
     sandboxed = wrapper(t.choice, worktree=files, tmp_dir=tmp, output_dir=out,
                         readonly=[space.out, view.data_cache()], hidden=hidden, network=False)
-    nice = shutil.which("nice")
+    nice = shutil.which("nice") if beside else None
 
     def wrap(argv: list[str]) -> list[str]:
         argv = sandboxed(argv) if sandboxed is not None else argv
@@ -488,13 +440,14 @@ def run_scorer(t: Trained, command: str, scorer_log: Path, folders: tuple[Path, 
     return done, _read(result_file), why
 
 
-def score_test(t: Trained, cancel: threading.Event | None = None, overlap_s: float = 0.0) -> dict[str, Any]:
+def score_test(t: Trained, cancel: threading.Event | None = None, overlap_s: float = 0.0,
+               beside: bool = False) -> dict[str, Any]:
     """test_command on the model the job left: {metric: figure} (finite), or {"error": why}. Its own
     log (`.test.log`); the job's code never runs in it, and nothing it says decides anything."""
     cfg, space = t.cfg, t.space
     test_log = t.log_path.with_suffix(".test.log")
     done, figures, why = run_scorer(t, str(cfg.test_command), test_log, (space.tester, space.test_tmp,
-                                                                          space.test_out), False, cancel, overlap_s)
+                                                                          space.test_out), False, cancel, overlap_s, beside)
     if figures is not None and "refused" in figures:
         return {"error": f"the test evaluation refused the model: {str(figures['refused'])[:400]}"}
     if done.status in ("timeout", "invalid"):

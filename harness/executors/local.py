@@ -163,12 +163,14 @@ class LocalExecutor(ThreadedExecutor):
             future.set_exception(e)
             return
         self._give(None, slot)  # the next job trains while this one is evaluated
+        with self.cond:  # a job waits for a slot, or trains in one: the evaluation yields the CPU to it
+            beside = bool(self.waiting) or len(self.free) < self.count
         if isinstance(trained, TrainResult):
             self._done(future)
             future.set_result(trained)
             return
         try:
-            result = scored(evaluation.finish(trained, job.cancel, overlap_s=job.cfg.kill_after))
+            result = scored(evaluation.finish(trained, job.cancel, overlap_s=job.cfg.kill_after, beside=beside))
         except BaseException as e:  # noqa: BLE001
             self._done(future)
             future.set_exception(e)
