@@ -48,7 +48,13 @@ def train(work: Path, budget_s: float, out: Path, beside_nice: int | None) -> tu
                "HARNESS_GPU_MEMORY_FRACTION": f"{EVAL_GPU_MEMORY_FRACTION:g}"}
         while not stop.is_set():
             argv = ["nice", "-n", str(beside_nice), sys.executable, "prepare.py", "--evaluate"]
-            if subprocess.run(argv, cwd=work, env=env, capture_output=True).returncode == 0 and not stop.is_set():
+            proc = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            while proc.poll() is None and not stop.wait(0.1):
+                pass
+            if proc.poll() is None:  # the training is over: the evaluation in flight is not waited for
+                proc.kill()
+                proc.wait()
+            elif proc.returncode == 0:
                 done[0] += 1
     thread = threading.Thread(target=evaluate_loop, daemon=True) if beside_nice is not None else None
     if thread:
