@@ -53,6 +53,9 @@ SEED = int(os.environ.get("HARNESS_SEED", "42"))  # for init and batch order
 DATASET = os.environ.get("HARNESS_DATASET", "shakespeare")  # "shakespeare" = the bundled corpus
 TRAIN_DATA_DIR = os.environ.get("HARNESS_DATA_DIR")  # set by the harness: the training split alone
 OUTPUT_DIR = os.environ.get("HARNESS_OUTPUT_DIR")  # set by the harness: where save_model() writes
+# set by the harness for its evaluation: the share of the GPU's memory it may take (a training job
+# may be using the same GPU meanwhile)
+GPU_MEMORY_FRACTION = float(os.environ.get("HARNESS_GPU_MEMORY_FRACTION") or 1.0)
 VOCAB_SIZE = 256  # bytes
 VAL_BYTES = 524_288  # tail of the corpus held out for validation (at most a tenth of it)
 TEST_BYTES = 524_288  # held out just before the validation bytes, for the test split (at most a tenth)
@@ -579,6 +582,8 @@ def evaluate_saved(output_dir: Path, split: str = "val") -> dict:
     bytes (or, split "test", once on the test bytes: the figure is written under the metric's name,
     the contract of evaluate_command)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda" and 0 < GPU_MEMORY_FRACTION < 1:  # the training job beside it keeps the rest
+        torch.cuda.set_per_process_memory_fraction(GPU_MEMORY_FRACTION, device)
     folder = output_dir / MODEL_DIR
     if not (folder / "program.json").exists():
         _refuse([f"the job saved no model in {MODEL_DIR}/ of HARNESS_OUTPUT_DIR: train.py must call "

@@ -75,17 +75,19 @@ class Lane:
     turn_taken: bool = False  # its proposal counts in the interleaved arms' round
     queued: tuple[int, Candidate] | None = None  # a proposal back, waiting to train
     training: Training | None = None
+    following: Training | None = None  # pipelined: the next candidate, handed to the executor before
+    # `training` is decided, so it trains while `training` is evaluated (decided after it)
     health: Future | None = None  # lane 0's health re-run, between its jobs
     health_stop: str | None = None  # the checkpoint's stop, once its re-run is on the ledger
     checked: bool = False  # lane 0's checkpoint looked at since its last job
     done: bool = False  # starts no more proposals (a stop, the step done, retired)
 
     def busy(self) -> bool:
-        return bool(self.proposing or self.queued or self.training or self.health)
+        return bool(self.proposing or self.queued or self.training or self.following or self.health)
 
     def futures(self) -> list[Future]:
         out = [f for f in (self.proposing, self.health) if f is not None]
-        return out + ([self.training.future] if self.training is not None else [])
+        return out + [t.future for t in (self.training, self.following) if t is not None]
 
 
 class Lanes:
@@ -106,9 +108,13 @@ class Lanes:
         if lane.training is not None and lane.training.future.done():
             tr, lane.training = lane.training, None
             self.trained(lane, tr)
+        if lane.training is None and lane.following is not None:
+            self.follow(lane)
         if not self.ready or lane.training is not None or lane.health is not None:
             if not self.ready and self.pipelined and not lane.busy() and not lane.done:
                 self.propose(lane, 0)  # hidden behind the baseline
+            elif self.ready and lane.training is not None and lane.health is None:
+                self.overlap(lane)
             return
         if self.checkpoint(lane):
             return
@@ -193,6 +199,33 @@ class Lanes:
         lane.checked = False
         if self.pipelined and not self.retiring(lane) and lane.proposing is None and not lane.done:
             self.propose(lane, 1 - slot, self.note(cand))
+
+    def overlap(self, lane: Lane) -> None:
+        """Pipelined, on an executor that evaluates beside the next job (executors/local.py): the
+        queued candidate is handed to it while the lane's current one is still training or being
+        evaluated, so it trains the moment the slot is free. Only one that needs nothing of the
+        decision first (on the best as it is, no outcome of its own to record), so the lane's rows
+        stay in iteration order; it is decided after the current one (follow). If the current one
+        is kept, it was trained on the old best: decided as a lane's candidate whose best moved
+        (a win is rebased and trained again, `decided`). Only for a workload with a separate
+        evaluation (evaluate_command): without one there is nothing to train beside."""
+        if lane.following is not None or lane.queued is None or not self.pipelined or not self.cfg.evaluate_command \
+                or not getattr(self.executor, "overlaps", False):
+            return
+        slot, cand = lane.queued
+        if cand.outcome is not None or cand.parent != self.state.best_commit or self.checkpoint(lane):
+            return
+        lane.queued = None
+        lane.following = self.start_training(lane.slots[slot], cand)
+
+    def follow(self, lane: Lane) -> None:
+        """The lane's current candidate is decided: the one that trained beside it is next, and the
+        lane's next proposal starts in the worktree the decided one left."""
+        tr, lane.following = lane.following, None
+        lane.training, lane.checked = tr, False
+        slot = next(i for i, ctx in enumerate(lane.slots) if ctx is tr.ctx)
+        if self.pipelined and not self.retiring(lane) and lane.proposing is None and not lane.done:
+            self.propose(lane, 1 - slot, self.note(tr.cand))
 
     def start_training(self, ctx: Context, cand: Candidate, resumed: bool = False) -> Training:
         st = self.state

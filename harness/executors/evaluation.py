@@ -1,14 +1,18 @@
 """One training job, sandboxed, and the metric from an evaluation the job cannot reach.
 
-`train(...)` is what step.evaluate runs (explicit inputs, so it can move into an executor):
+`train(...)` is what an executor runs (explicit inputs, so it can move into an executor), in two
+halves: `train_job` (steps 1-4, while the job holds its slot) and `finish` (steps 5-6, which the
+local executor runs after it has handed the slot to the next job: docs/pipeline.md):
 
 1. protected files restored as committed, the sandbox chosen (sandbox.resolve);
-2. for a workload with `train_data_command`: the training split exported once per run from the
-   baseline's protected files, given to the job read-only (HARNESS_DATA_DIR), while the
-   protected data files and the data cache are hidden from it;
+2. for a workload with `train_data_command`: the training split exported once per baseline (its
+   commit and protected files' sha256) from the baseline's protected files, into the run folder,
+   given to every job read-only (HARNESS_DATA_DIR), while the protected data files and the data
+   cache are hidden from it;
 3. the job runs in the sandbox with a private /tmp and an output folder (HARNESS_OUTPUT_DIR),
    timed by the harness (budget.py);
-4. protected files checked again;
+4. protected files checked again, the budget judged, the scorers' copies of the baseline's
+   files written from git;
 5. with `evaluate_command`: the baseline's protected files are written from git into a folder
    the job never saw, and the command runs there, sandboxed, with the job's output folder
    read-only; its result file, in a folder only it can write, is the metric (`sealed` = yes).
@@ -36,7 +40,7 @@ from ..integrity import guard, seal
 from ..config import RunConfig
 from ..gitgate import Worktree
 from ..workload.runner import RESULT_TAIL_BYTES, TrainResult, run_training, tail, training_env
-from . import budget, limits, sandbox, uvenv, view
+from . import budget, limits, sandbox, traindata, uvenv, view
 
 # A job without network: libraries that fetch from the Hugging Face hub take what is in their cache
 # (shown through data_paths) at once, instead of trying the network first.
@@ -144,16 +148,52 @@ def choose(cfg: RunConfig, where: Path) -> sandbox.Choice:
 # The training job
 
 
+@dataclass
+class Trained:
+    """A job whose training process is over and checked (protected files, budget): what its
+    evaluation still needs, none of it in the slot's worktree, so the slot can take the next job
+    while this one is evaluated (local.py). The scorers' copies of the baseline's files are
+    already written from git; the worktree's path is kept only to be hidden from them."""
+    cfg: RunConfig
+    worktree: Path
+    log_path: Path
+    space: Space
+    base: str
+    choice: sandbox.Choice
+    result: TrainResult
+    at_base: bool  # the job trained the baseline's own code (its evaluation calibrates the deadline)
+    testing: bool  # a test job: test_command scores it too
+    gpu: str | None  # the slot's CUDA_VISIBLE_DEVICES, None = inherited
+
+    @property
+    def scored(self) -> bool:
+        """Does an evaluation still have to run (the job trained cleanly and the workload scores it)?"""
+        return self.result.status == "ok" and (bool(self.cfg.evaluate_command) or self.testing)
+
+
 def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
           cancel: threading.Event | None = None, gpu: str | None = None,
           job_env: dict[str, str] | None = None, baseline: str = "",
           protected_sha256: dict[str, str] | None = None, allowance_s: float | None = None,
           baseline_cpu_s: float | None = None, baseline_gpu_s: float | None = None) -> TrainResult:
-    """Train the code in worktree once, sandboxed; the metric from the separate evaluation if any.
+    """Train the code in worktree once, sandboxed; the metric from the separate evaluation if any
+    (train_job, then finish, one after the other).
 
     gpu: the executor slot's GPU (CUDA_VISIBLE_DEVICES); job_env: more variables for the job
     (the tracker's HARNESS_RUN, HARNESS_ITERATION, HARNESS_COMMIT); baseline, protected_sha256,
     allowance_s, baseline_cpu_s, baseline_gpu_s: the run's trusted baseline as the Job carries it (executors/base.py)."""
+    return finish(train_job(cfg, worktree, log_path, seed, cancel, gpu, job_env, baseline, protected_sha256,
+                            allowance_s, baseline_cpu_s, baseline_gpu_s), cancel)
+
+
+def train_job(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
+              cancel: threading.Event | None = None, gpu: str | None = None,
+              job_env: dict[str, str] | None = None, baseline: str = "",
+              protected_sha256: dict[str, str] | None = None, allowance_s: float | None = None,
+              baseline_cpu_s: float | None = None, baseline_gpu_s: float | None = None) -> Trained | TrainResult:
+    """The training half: the job sandboxed and timed, the protected files checked after it, the
+    budget judged, the scorers' files written from git. A TrainResult when nothing is left to
+    evaluate before anything trained (a refused baseline, a failed export); else a Trained."""
     worktree = Path(worktree)
     base = baseline_commit(cfg, worktree, baseline, protected_sha256 or {})
     if isinstance(base, TrainResult):
@@ -175,7 +215,7 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
     on_gpu = has_gpu(extra.get("CUDA_VISIBLE_DEVICES"))
     readonly = [worktree / ".git"]  # the job may not point the worktree at another repository
     if cfg.train_data_command:
-        data_dir = export_training_data(cfg, worktree, where, base, choice, log_path, cancel)
+        data_dir = traindata.export(cfg, worktree, where, base, choice, log_path, cancel, protected_sha256)
         if isinstance(data_dir, TrainResult):
             return data_dir
         extra["HARNESS_DATA_DIR"] = str(data_dir)
@@ -225,12 +265,33 @@ def train(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
     if judged.reason != result.reason:  # the whole verdict, figures included, where the row's cut one points
         with open(log_path, "a", encoding="utf-8") as log:
             log.write(f"\nharness: {judged.reason}\n")
-    result = judged
-    if cfg.evaluate_command and result.status == "ok":
-        result = evaluate(cfg, worktree, space, base, choice, result, log_path, cancel)
-    if testing and result.status == "ok":
-        result = replace(result, test_metrics=score_test(cfg, worktree, space, base, choice, log_path, cancel))
-    shutil.rmtree(space.root, ignore_errors=True)  # the saved model can be large; the logs stay
+    trained = Trained(cfg, worktree, log_path, space, base, choice, judged, False, testing, gpu)
+    if trained.scored:  # from git, while the slot's worktree is still this job's
+        with Worktree(worktree) as wt:
+            trained.at_base = wt.head() == base
+        if cfg.evaluate_command:
+            materialise(worktree, base, cfg.protected, space.evaluator)
+        if testing:
+            materialise(worktree, base, cfg.protected, space.tester)
+    return trained
+
+
+def finish(trained: Trained | TrainResult, cancel: threading.Event | None = None,
+           overlap_s: float = 0.0, beside: bool = False) -> TrainResult:
+    """The evaluation half: evaluate_command (and test_command for a test job) on what the job
+    left; the job's folders removed after. overlap_s: how much longer the evaluation may take
+    because training jobs may run beside it (local.py lets the next job train meanwhile); beside:
+    one does now, so the scorers yield the CPU to it (EVAL_NICE)."""
+    if isinstance(trained, TrainResult):
+        return trained
+    t, result = trained, trained.result
+    try:
+        if t.cfg.evaluate_command and result.status == "ok":
+            result = evaluate(t, cancel, overlap_s, beside)
+        if t.testing and result.status == "ok":
+            result = replace(result, test_metrics=score_test(t, cancel, overlap_s, beside))
+    finally:
+        shutil.rmtree(t.space.root, ignore_errors=True)  # the saved model can be large; the logs stay
     return result
 
 
@@ -339,44 +400,20 @@ def harness_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def export_training_data(cfg: RunConfig, worktree: Path, where: Path, base: str, choice: sandbox.Choice,
-                         log_path: Path, cancel: threading.Event | None = None) -> Path | TrainResult:
-    """Run train_data_command once per baseline and dataset; the folder the job gets read-only.
-    cancel set (Ctrl-C, SIGTERM) stops it as promptly as a training job (KeyboardInterrupt)."""
-    dataset = re.sub(r"[^A-Za-z0-9._-]", "_", os.environ.get("HARNESS_DATASET", "default"))
-    dest = where / "train-data" / f"{base[:12]}-{dataset}"
-    if (dest / ".done").exists():
-        return dest
-    work = where / "train-data" / "files"
-    materialise(worktree, base, cfg.protected, work)
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
-    tmp = where / "train-data" / "tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    log = where / "train-data" / "export.log"
-    wrap = wrapper(choice, worktree=work, tmp_dir=tmp, output_dir=dest, readonly=[view.data_cache()],
-                   hidden=[p for p in (cfg.run_dir, cfg.repo / ".git", view.HARNESS_PACKAGE) if p.exists()])
-    bounds = limits.of(cfg, where).watching(private_tmp=tmp)  # the split itself may be larger than a job's files
-    done = run_training(cfg.train_data_command, work, harness_env({"HARNESS_OUTPUT_DIR": str(dest)}),
-                        log, metric="-", kill_after_s=cfg.kill_after, wrap=wrap, cancel=cancel, limits=bounds)
-    if done.returncode != 0:
-        return TrainResult("crash", reason=f"train_data_command failed ({done.reason}): {tail(log, 600)}")
-    (dest / ".done").write_text("")
-    return dest
+EVAL_NICE = 10  # the scorers' niceness: on a CPU they take what the training job beside them leaves
+EVAL_GPU_MEMORY_FRACTION = 0.1  # of the slot's GPU a scorer may allocate (HARNESS_GPU_MEMORY_FRACTION)
 
 
-def evaluate(cfg: RunConfig, worktree: Path, space: Space, base: str, choice: sandbox.Choice,
-             job: TrainResult, log_path: Path, cancel: threading.Event | None = None) -> TrainResult:
+def evaluate(t: Trained, cancel: threading.Event | None = None, overlap_s: float = 0.0,
+             beside: bool = False) -> TrainResult:
     """Run evaluate_command from the baseline's files on what the job left; its result is the metric.
 
-    It has its own deadline (limits.eval_deadline), bounds (limits.of) and the job's cancel event;
-    a failed evaluation's row carries no figure of the job's metric."""
-    eval_log = log_path.with_suffix(".eval.log")
-    with Worktree(worktree) as wt:
-        at_base = wt.head() == base
-    done, figures, why = run_scorer(cfg, cfg.evaluate_command, worktree, space, base, choice, log_path, eval_log,
-                                    (space.evaluator, space.eval_tmp, space.eval_out), at_base, cancel)
+    It has its own deadline (limits.eval_deadline, longer by overlap_s), bounds (limits.of) and
+    the job's cancel event; a failed evaluation's row carries no figure of the job's metric."""
+    cfg, job, space = t.cfg, t.result, t.space
+    eval_log = t.log_path.with_suffix(".eval.log")
+    done, figures, why = run_scorer(t, cfg.evaluate_command, eval_log, (space.evaluator, space.eval_tmp,
+                                                                         space.eval_out), t.at_base, cancel, overlap_s, beside)
     logged = {k: v for k, v in job.metrics.items()  # the job's own figures: a log, never the metric
               if k != cfg.metric and isinstance(v, float)}
     job = replace(job, metrics=logged)  # whatever the evaluation says, the job's printed metric is gone
@@ -393,42 +430,58 @@ def evaluate(cfg: RunConfig, worktree: Path, space: Space, base: str, choice: sa
         return replace(job, status="crash", sealed=True,
                        reason=f"the evaluation gave no finite {cfg.metric} ({done.reason or 'no result file'}): "
                               f"{tail(eval_log, 400)}")
-    if at_base:
-        limits.calibrate_eval(state_dir(cfg, log_path), base, done.train_s)
+    if t.at_base:
+        limits.calibrate_eval(state_dir(cfg, t.log_path), t.base, done.train_s)
     metrics = {**logged, **{k: float(v) for k, v in figures.items()
                             if isinstance(v, (int, float)) and not isinstance(v, bool)}}
     return replace(job, status="ok", metrics=metrics, sealed=True, reason="")
 
 
-def run_scorer(cfg: RunConfig, command: str, worktree: Path, space: Space, base: str, choice: sandbox.Choice,
-               log_path: Path, scorer_log: Path, folders: tuple[Path, Path, Path], at_base: bool,
-               cancel: threading.Event | None) -> tuple[TrainResult, dict | None, str]:
-    """Run a scorer (evaluate_command, test_command) from the baseline's protected files in its own
-    sandbox, the job's output folder read-only; (how it ended, its result file, what its deadline is).
-    folders: its copy of the baseline's files, its private /tmp, its result folder."""
+def run_scorer(t: Trained, command: str, scorer_log: Path, folders: tuple[Path, Path, Path], at_base: bool,
+               cancel: threading.Event | None, overlap_s: float = 0.0,
+               beside: bool = False) -> tuple[TrainResult, dict | None, str]:
+    """Run a scorer (evaluate_command, test_command) from the baseline's protected files (written
+    from git by train_job) in its own sandbox, the job's output folder read-only; (how it ended, its
+    result file, what its deadline is). folders: its copy of the baseline's files, its private /tmp,
+    its result folder. It sees nothing of the slot's worktree (where the next job may train now) nor
+    of any other job's folders: the run folder is hidden, and only its own folders are shown. With a
+    training job beside it (beside) it runs at a lower CPU priority (EVAL_NICE); on a GPU, always
+    within EVAL_GPU_MEMORY_FRACTION of it."""
+    cfg, space = t.cfg, t.space
     files, tmp, out = folders
-    materialise(worktree, base, cfg.protected, files)
     result_file = out / "result.json"
-    env = harness_env({"HARNESS_OUTPUT_DIR": str(space.out), "HARNESS_RESULT_FILE": str(result_file)})
-    hidden = [p for p in (cfg.run_dir, cfg.repo / "runs", cfg.repo / ".git", view.HARNESS_PACKAGE, Path(worktree))
+    extra = {"HARNESS_OUTPUT_DIR": str(space.out), "HARNESS_RESULT_FILE": str(result_file),
+             "HARNESS_GPU_MEMORY_FRACTION": f"{EVAL_GPU_MEMORY_FRACTION:g}"}
+    if t.gpu is not None:  # the slot's GPU, as its job had it
+        extra["CUDA_VISIBLE_DEVICES"] = t.gpu
+    env = harness_env(extra)
+    hidden = [p for p in (cfg.run_dir, cfg.repo / "runs", cfg.repo / ".git", view.HARNESS_PACKAGE, Path(t.worktree))
               if p.exists()]
-    wrap = wrapper(choice, worktree=files, tmp_dir=tmp, output_dir=out,
-                   readonly=[space.out, view.data_cache()], hidden=hidden, network=False)
-    where = state_dir(cfg, log_path)
-    deadline_s, why = limits.eval_deadline(cfg.eval_kill_after, where, base, at_base)
+    sandboxed = wrapper(t.choice, worktree=files, tmp_dir=tmp, output_dir=out,
+                        readonly=[space.out, view.data_cache()], hidden=hidden, network=False)
+    nice = shutil.which("nice") if beside else None
+
+    def wrap(argv: list[str]) -> list[str]:
+        argv = sandboxed(argv) if sandboxed is not None else argv
+        return [nice, "-n", str(EVAL_NICE), *argv] if nice else argv
+    where = state_dir(cfg, t.log_path)
+    deadline_s, why = limits.eval_deadline(cfg.eval_kill_after, where, t.base, at_base)
+    if overlap_s and cfg.eval_kill_after is None:
+        deadline_s, why = deadline_s + overlap_s, f"{why}, and {overlap_s:.0f}s for the training beside it"
     bounds = limits.of(cfg, where).watching(private_tmp=tmp, output_folder=out)
     done = run_training(command, files, env, scorer_log, cfg.metric, kill_after_s=deadline_s,
                         wrap=wrap, cancel=cancel, limits=bounds)
     return done, _read(result_file), why
 
 
-def score_test(cfg: RunConfig, worktree: Path, space: Space, base: str, choice: sandbox.Choice,
-               log_path: Path, cancel: threading.Event | None = None) -> dict[str, Any]:
+def score_test(t: Trained, cancel: threading.Event | None = None, overlap_s: float = 0.0,
+               beside: bool = False) -> dict[str, Any]:
     """test_command on the model the job left: {metric: figure} (finite), or {"error": why}. Its own
     log (`.test.log`); the job's code never runs in it, and nothing it says decides anything."""
-    test_log = log_path.with_suffix(".test.log")
-    done, figures, why = run_scorer(cfg, str(cfg.test_command), worktree, space, base, choice, log_path, test_log,
-                                    (space.tester, space.test_tmp, space.test_out), False, cancel)
+    cfg, space = t.cfg, t.space
+    test_log = t.log_path.with_suffix(".test.log")
+    done, figures, why = run_scorer(t, str(cfg.test_command), test_log, (space.tester, space.test_tmp,
+                                                                          space.test_out), False, cancel, overlap_s, beside)
     if figures is not None and "refused" in figures:
         return {"error": f"the test evaluation refused the model: {str(figures['refused'])[:400]}"}
     if done.status in ("timeout", "invalid"):

@@ -5,13 +5,21 @@ is materialised (reset --hard and clean) before it trains, so a researcher can k
 its own worktree meanwhile. Slots are handed out first come, first served: two A/B arms on one
 GPU alternate. Training itself (`train_once`): protected files checked and restored before and
 checked after, the seal channel, the process under the run's supervisor and the hard deadline.
+
+A job holds its slot while it trains, not while it is evaluated: once its training process is
+over and checked (evaluation.train_job), the slot goes to the next job in the queue and the
+separate evaluation (evaluation.finish) runs beside it; the job's future resolves when the
+evaluation is done. Each slot has one evaluation at a time (`Slot.scoring`): a job whose
+training ends while its slot's previous evaluation still runs keeps the slot until that one is
+over, so evaluations never pile up behind a trainer that is faster than its evaluator.
 """
 from __future__ import annotations
 
 import collections
+import shutil
 import socket
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +40,20 @@ def train_once(cfg: RunConfig, worktree: Path, log_path: Path, seed: int, gpu: s
     sandboxed, timed by the harness, protected files checked before and after, the metric from the
     workload's separate evaluation when it has one (evaluation.py). trusted: the run's baseline as
     the Job carries it (baseline, protected_sha256, allowance_s, baseline_cpu_s); None = a throwaway run's."""
-    result = evaluation.train(cfg, worktree, log_path, seed, cancel=cancel, gpu=gpu,
-                              job_env=track.job_env(cfg, iteration, commit), **(trusted or {}))
+    return scored(evaluation.finish(train_half(cfg, worktree, log_path, seed, gpu, cancel, iteration, commit,
+                                               trusted), cancel))
+
+
+def train_half(cfg: RunConfig, worktree: Path, log_path: Path, seed: int, gpu: str | None = None,
+               cancel: threading.Event | None = None, iteration: int | None = None,
+               commit: str | None = None, trusted: dict[str, Any] | None = None
+               ) -> evaluation.Trained | TrainResult:
+    """train_once's first half: the training process, checked; its evaluation still to run."""
+    return evaluation.train_job(cfg, worktree, log_path, seed, cancel=cancel, gpu=gpu,
+                                job_env=track.job_env(cfg, iteration, commit), **(trusted or {}))
+
+
+def scored(result: TrainResult) -> TrainResult:
     return replace(result, node=result.node or socket.gethostname())  # the ledger's node column
 
 
@@ -49,6 +69,7 @@ class Slot:
     gpu: str | None
     path: Path
     worktree: Worktree | None = None
+    scoring: threading.Lock = field(default_factory=threading.Lock)  # held by the one evaluation of its last job
 
 
 class LocalExecutor(ThreadedExecutor):
@@ -99,12 +120,22 @@ class LocalExecutor(ThreadedExecutor):
         want = getattr(future.job.cfg, "gpu", None)
         return want is None or want not in self.gpus or slot.gpu == want
 
-    def _give(self, future: JobFuture, slot: Slot) -> None:
+    def _give(self, future: JobFuture | None, slot: Slot) -> None:
+        """slot free for the next job; future (when given) no longer running."""
+        with self.cond:
+            if future is not None:
+                self.running.discard(future)
+            if slot not in self.free:
+                self.free.append(slot)
+                self.free.sort(key=lambda s: s.index)
+            self.cond.notify_all()
+
+    def _done(self, future: JobFuture) -> None:
         with self.cond:
             self.running.discard(future)
-            self.free.append(slot)
-            self.free.sort(key=lambda s: s.index)
             self.cond.notify_all()
+
+    overlaps = True  # a job's evaluation runs beside the next job's training (the driver may queue it)
 
     def _work(self, future: JobFuture) -> None:
         slot = self._take(future)
@@ -115,16 +146,46 @@ class LocalExecutor(ThreadedExecutor):
         if not future.set_running_or_notify_cancel():
             self._give(future, slot)
             return
+        job, trained = future.job, None
         try:
-            job = future.job
             wt = self._materialise(slot, job.commit)
             job.log_path.parent.mkdir(parents=True, exist_ok=True)
-            future.set_result(train_once(job.cfg, wt.path, job.log_path, job.seed, slot.gpu, job.cancel,
-                                         job.iteration, job.commit, trusted_fields(job)))
+            trained = train_half(job.cfg, wt.path, job.log_path, job.seed, slot.gpu, job.cancel, job.iteration,
+                                 job.commit, trusted_fields(job))
+            if isinstance(trained, evaluation.Trained) and trained.scored:
+                self._scoring_turn(slot, job)  # the slot's previous evaluation over (the slot held meanwhile)
+            else:
+                trained = scored(evaluation.finish(trained, job.cancel))  # nothing to evaluate: at once
         except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
-            future.set_exception(e)
-        finally:
+            if isinstance(trained, evaluation.Trained):  # cancelled before its evaluation: its folders go
+                shutil.rmtree(trained.space.root, ignore_errors=True)
             self._give(future, slot)
+            future.set_exception(e)
+            return
+        self._give(None, slot)  # the next job trains while this one is evaluated
+        with self.cond:  # a job waits for a slot, or trains in one: the evaluation yields the CPU to it
+            beside = bool(self.waiting) or len(self.free) < self.count
+        if isinstance(trained, TrainResult):
+            self._done(future)
+            future.set_result(trained)
+            return
+        try:
+            result = scored(evaluation.finish(trained, job.cancel, overlap_s=job.cfg.kill_after, beside=beside))
+        except BaseException as e:  # noqa: BLE001
+            self._done(future)
+            future.set_exception(e)
+            return
+        finally:
+            slot.scoring.release()
+        self._done(future)
+        future.set_result(result)
+
+    def _scoring_turn(self, slot: Slot, job: Job) -> None:
+        """Wait for slot's evaluation turn (its previous job's evaluation over); KeyboardInterrupt
+        when the job is cancelled meanwhile (its folders removed: nothing will evaluate it)."""
+        while not slot.scoring.acquire(timeout=0.2):
+            if job.cancel.is_set() or self.closed:
+                raise KeyboardInterrupt("training cancelled")
 
     def _materialise(self, slot: Slot, commit: str) -> Worktree:
         with self.git_lock:
