@@ -382,10 +382,23 @@ def test_two_runs_without_a_tag_the_same_day(repo: Path):
 # 10. `harness status` beside a live run
 
 
+# Every run after the first (the baseline) trains until the test lets it go: a candidate that is
+# training for as long as the test looks at it, however slow the machine (no sleep to outlast).
+HELD = """time.sleep(SLEEP_S)
+if os.path.exists({first!r}):
+    _until = time.monotonic() + 120  # a failed test never releases it: end anyway
+    while os.path.exists({hold!r}) and time.monotonic() < _until:
+        time.sleep(0.05)
+else:
+    open({first!r}, "w").close()
+"""
+
+
 def test_status_beside_a_live_run_shows_the_candidate_in_flight(tmp_path: Path):
-    # the job trains long enough for two `harness status` start-ups on a loaded machine (CI: one
-    # status call took longer than a 2 s job), and no longer than its 30 s budget
-    repo = make_repo(tmp_path / "r", train_source=FAKE_TRAIN.replace("SLEEP_S = 0.0", "SLEEP_S = 15.0"))
+    hold = tmp_path / "hold"  # while it exists, iteration 1's job trains
+    hold.touch()
+    held = HELD.format(first=str(tmp_path / "baseline-done"), hold=str(hold))
+    repo = make_repo(tmp_path / "r", train_source=FAKE_TRAIN.replace("time.sleep(SLEEP_S)\n", held, 1))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([PY, "-m", "harness", "run", "--repo", str(repo), "--tag", "lv", "--agent", "mutate",
                              "--iterations", "1", "--baseline-runs", "1", "--time-budget", "30"],
@@ -404,6 +417,7 @@ def test_status_beside_a_live_run_shows_the_candidate_in_flight(tmp_path: Path):
         data = json.loads(subprocess.run([PY, "-m", "harness", "status", "lv", "--repo", str(repo), "--json"],
                                          env=env, capture_output=True, text=True, timeout=60).stdout)
     finally:
+        hold.unlink()
         _, err = proc.communicate(timeout=90)
     assert proc.returncode == 0, err
     assert "in flight: iteration 1" in shown and "waiting for --resume" not in shown

@@ -59,19 +59,19 @@ def test_step_bounded_runs_are_bit_identical(work, tmp_path):
     results = []
     for i in range(2):
         out = tmp_path / f"result{i}.json"
-        proc = run(work, "train.py", HARNESS_MAX_STEPS=20, HARNESS_RESULT_FILE=out)
+        proc = run(work, "train.py", HARNESS_MAX_STEPS=5, HARNESS_RESULT_FILE=out)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         results.append((block(proc.stdout), json.loads(out.read_text())))
     (block0, json0), (block1, json1) = results
     assert block0["val_bpb"] == block1["val_bpb"]
-    assert block0["num_steps"] == "20"
+    assert block0["num_steps"] == "5"
     assert float(block0["val_bpb"]) < 8.0  # 8 bits per byte is a uniform guess: it learned something
     drop = lambda d: {k: v for k, v in d.items() if k not in TIMING_KEYS}
     assert drop(json0) == drop(json1)
 
 
 def test_time_budget_run_reports_a_full_block(work):
-    budget = 10
+    budget = 3  # a few steps on any machine; a loaded one may fit a single step, which the checks allow
     t0 = time.time()
     proc = run(work, "train.py", HARNESS_TIME_BUDGET=budget)
     wall_s = time.time() - t0
@@ -84,7 +84,7 @@ def test_time_budget_run_reports_a_full_block(work):
     # after a number of steps): the block's own figures say so, however fast the machine is.
     assert trained + trained / steps > budget, figures
     # A run that ignored this budget would train for the default 300 s; imports, warm-up and the
-    # evaluation come on top of the 10 s (a loaded machine once made them 40 s): a wide margin.
+    # evaluation come on top of the 3 s (a loaded machine once made them 40 s): a wide margin.
     assert trained < 300 and wall_s < 300
 
 
