@@ -21,7 +21,7 @@ def test_a_hung_local_job_thread_does_not_hold_close(tmp_path: Path, monkeypatch
         started.set()
         never.wait()
 
-    monkeypatch.setattr(local, "train_once", hangs)
+    monkeypatch.setattr(local, "train_half", hangs)  # the training half, where the job thread waits on its job
     monkeypatch.setattr(local, "CLOSE_S", 1.0)
     repo = make_repo(tmp_path / "research")
     cfg = config.resolve(repo, "hung", {})
