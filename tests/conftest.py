@@ -1,6 +1,7 @@
 """Shared fixtures: real git repos in tmp_path driven by a fake trainer or the real train.py."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -35,6 +36,18 @@ agent_sandbox = "{agent_sandbox}"
 
 def git(cwd: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (one gone between the two looks is not alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def set_globals(source: str, **values) -> str:

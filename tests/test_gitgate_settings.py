@@ -14,7 +14,7 @@ import pytest
 
 from harness import gitgate, gitrun, ledger
 
-from conftest import ROOT, git, make_repo
+from conftest import ROOT, alive, git, make_repo
 
 NIGHT_TIMEOUT_S = 240  # a bound on a hung test, not a figure it measures
 
@@ -103,15 +103,6 @@ def hanging_git(bin_dir: Path, subcommand: str, pid_file: Path) -> Path:
                        f'exec sleep 600; fi\ndone\nexec {real} "$@"\n')
     wrapper.chmod(0o755)
     return bin_dir
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
 
 
 def test_a_git_that_hangs_is_killed_and_the_run_stops_with_what_to_do(tmp_path):

@@ -20,7 +20,7 @@ from harness import ledger
 from harness.driver import loop as driver
 from harness.config.load import resolve
 
-from conftest import ScriptedResearcher, git, make_repo
+from conftest import ScriptedResearcher, alive, git, make_repo
 
 TRAIN = '''import os, pathlib, time
 VALUE = 1.0  # the metric this candidate reports (lower is better)
@@ -81,15 +81,6 @@ def config(repo: Path, tag: str = "o", **overrides):
 
 def rows_of(cfg) -> list[tuple[int, str, float | None]]:
     return [(r["iteration"], r["status"], r["metric"]) for r in ledger.read_rows(cfg.ledger_path)]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
 
 
 def test_the_next_candidate_trains_while_the_previous_one_is_evaluated(overlap_repo, marks):
