@@ -1,6 +1,6 @@
 """What an evaluation beside a training job costs the training: its step time alone, and with
 `prepare.py --evaluate` scoring a saved model over and over beside it, at the harness's CPU
-priority for evaluators (nice 10, evaluation.EVAL_NICE) and, for comparison, at the same priority
+priority for evaluators (nice 10, scoring.EVAL_NICE) and, for comparison, at the same priority
 as the training (nice 0). On a GPU both run on the same device, the evaluator within
 HARNESS_GPU_MEMORY_FRACTION of its memory, as the harness runs them (docs/pipeline.md).
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from common import ROOT  # noqa: E402  (puts the repo root on sys.path)
 
-from harness.executors.evaluation import EVAL_GPU_MEMORY_FRACTION, EVAL_NICE  # noqa: E402
+from harness.executors.scoring import EVAL_GPU_MEMORY_FRACTION, EVAL_NICE  # noqa: E402
 
 
 def figures(text: str) -> dict[str, float]:

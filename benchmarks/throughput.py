@@ -8,9 +8,10 @@ git repos (the default sandbox):
   and pipelined; then 1, 2 and 4 lanes (pipelined, L = B/2). GPU duty is training seconds / wall
   seconds per lane, from the first training job's start to the last row.
 - `ceiling-sleep`: the sleep trainer with a separate evaluation (`evaluate_command`: a protected
-  scorer that sleeps E = B/4 and writes the figure the job left), L = B/2, with and without
-  --pipeline: experiments per hour **from process start** (the baseline, the first proposal and
-  every evaluation included, to the last row) as a fraction of the limit 3600/B.
+  scorer that sleeps E = B/4 and writes the figure the job left), L = B/2, sequential, with
+  --pipeline, and with --pipeline but the warm start off (--no-warm-start: every job's
+  interpreter started for it): experiments per hour **from process start** (the baseline, the
+  first proposal and every evaluation included, to the last row) as a fraction of the limit 3600/B.
 - `ceiling-bundled`: the same on the bundled workload (train.py, prepare.py's sandboxed
   evaluation and its training-data export) at a 30 s budget on this machine's device, a stand-in
   researcher that waits B/2 and changes one knob.
@@ -100,7 +101,7 @@ class KnobResearcher:
 
 
 def measure(root: Path, name: str, budget_s: float, latency_s: float, iterations: int,
-            pipelined: bool, lanes: int, eval_s: float | None = None) -> dict:
+            pipelined: bool, lanes: int, eval_s: float | None = None, warm: bool = True) -> dict:
     repo = make_repo(root / "".join(c if c.isalnum() else "-" for c in name), TRAIN.format(budget=budget_s),
                      f'time_budget = {budget_s}\ngate = "strict"\nbaseline_runs = 1\n'
                      + (f'evaluate_command = "{sys.executable} -S prepare.py"\n' if eval_s is not None else ""))
@@ -109,12 +110,12 @@ def measure(root: Path, name: str, budget_s: float, latency_s: float, iterations
         for argv in (["git", "add", "-A"], ["git", "-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qm", "e"]):
             __import__("subprocess").run(argv, cwd=repo, check=True)
     gpus = tuple(str(g) for g in range(lanes)) if lanes > 1 else ()
-    cfg = resolve(repo, "bench", {"iterations": iterations, "pipeline": pipelined, "gpus": gpus})
+    cfg = resolve(repo, "bench", {"iterations": iterations, "pipeline": pipelined, "gpus": gpus, "warm_start": warm})
     return drive(cfg, name, SleepyResearcher(latency_s), budget_s, latency_s, lanes)
 
 
 def measure_bundled(root: Path, name: str, budget_s: float, latency_s: float, iterations: int,
-                    pipelined: bool) -> dict:
+                    pipelined: bool, warm: bool = True) -> dict:
     from harness.commands.initrepo import init_example
     repo = init_example(root / "".join(c if c.isalnum() else "-" for c in name))
     # no test-split scoring: it runs once at the end of a night, after the last row, and would
@@ -124,7 +125,7 @@ def measure_bundled(root: Path, name: str, budget_s: float, latency_s: float, it
     for argv in (["git", "add", "-A"], ["git", "-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qm", "t"]):
         __import__("subprocess").run(argv, cwd=repo, check=True)
     cfg = resolve(repo, "bench", {"iterations": iterations, "pipeline": pipelined, "time_budget": budget_s,
-                                  "gate": "strict", "baseline_runs": 1})
+                                  "gate": "strict", "baseline_runs": 1, "warm_start": warm})
     return drive(cfg, name, KnobResearcher(latency_s), budget_s, latency_s, 1)
 
 
@@ -192,12 +193,18 @@ def section_sleep(root: Path, b: float, n: int) -> None:
         print(line(m) + f"   scaling x{m['per_hour'] / base:.2f} (ideal x{lanes})")
 
 
+CEILING_MODES = (("sequential", False, True), ("pipelined", True, True), ("pipelined, cold", True, False))
+# (name, --pipeline, warm start): "cold" = --no-warm-start, every job's interpreter started for it
+
+
 def section_ceiling(results: list[dict], budget_s: float, what: str) -> None:
-    seq, pip = results
-    print(ceiling_line(seq, budget_s))
-    print(ceiling_line(pip, budget_s))
+    seq, pip, cold = results
+    for m in results:
+        print(ceiling_line(m, budget_s))
     print(f"  {what}: pipelined / sequential: experiments/h from process start x"
-          f"{pip['per_hour_start'] / seq['per_hour_start']:.2f}")
+          f"{pip['per_hour_start'] / seq['per_hour_start']:.2f}; warm / cold start (pipelined): x"
+          f"{pip['per_hour_start'] / cold['per_hour_start']:.2f}, wall per experiment "
+          f"{pip['total_s'] / pip['experiments']:.2f}s against {cold['total_s'] / cold['experiments']:.2f}s")
 
 
 def main() -> None:
@@ -219,13 +226,13 @@ def main() -> None:
             b, n = args.budget, args.iterations
             print(f"ceiling, sleep trainer with a separate evaluation: B = {b:g}s, E = B/4, L = B/2, "
                   f"{n} iterations, from process start")
-            section_ceiling([measure(root, f"eval {mode}", b, b / 2, n, mode == "pipelined", 1, eval_s=b / 4)
-                             for mode in ("sequential", "pipelined")], b, "L=B/2")
+            section_ceiling([measure(root, f"eval {mode}", b, b / 2, n, pipelined, 1, eval_s=b / 4, warm=warm)
+                             for mode, pipelined, warm in CEILING_MODES], b, "L=B/2")
         if "ceiling-bundled" in only:
             b, n = args.bundled_budget, args.bundled_iterations
             print(f"ceiling, bundled workload: B = {b:g}s, L = B/2, {n} iterations, from process start")
-            section_ceiling([measure_bundled(root, f"bundled {mode}", b, b / 2, n, mode == "pipelined")
-                             for mode in ("sequential", "pipelined")], b, "L=B/2")
+            section_ceiling([measure_bundled(root, f"bundled {mode}", b, b / 2, n, pipelined, warm)
+                             for mode, pipelined, warm in CEILING_MODES], b, "L=B/2")
 
 
 if __name__ == "__main__":

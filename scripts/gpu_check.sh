@@ -6,7 +6,10 @@
 #    with the causality probe, in its own sandboxed process); prints tokens/s, MFU, val_bpb, peak
 #    memory, the evaluation's outcome and the capability set the job held (read inside it);
 # 2. the causality probe's noise on CUDA under bf16 autocast against its tolerance
-#    (benchmarks/probe_noise.py; on a CPU it measures the float32 and bf16 lower bound).
+#    (benchmarks/probe_noise.py; on a CPU it measures the float32 and bf16 lower bound);
+# 3. with CEILING=1 (about 3 x 4 x (B + start-up) more: set TIME_BUDGET=30): experiments per hour from
+#    process start against 3600/B, sequential, --pipeline, and --pipeline with the warm start off
+#    (benchmarks/throughput.py --only ceiling-bundled), side by side.
 # Needs a CUDA build of torch (install it first; scripts/install.sh keeps a torch that is present).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,4 +30,7 @@ harness run --repo "$repo" --agent mutate --iterations 1 --hours 0.01 --time-bud
 echo "the baseline took $(( $(date +%s) - start ))s from the command's start"
 "$PY" benchmarks/gpu_check_summary.py "$repo/runs/gpu-check"
 "$PY" benchmarks/probe_noise.py --device cuda
+if [ "${CEILING:-0}" = 1 ]; then
+  "$PY" benchmarks/throughput.py --only ceiling-bundled --bundled-budget "$BUDGET" --bundled-iterations "${CEILING_ITERATIONS:-4}"
+fi
 echo "all under $OUT"

@@ -110,6 +110,9 @@ def run_options(fn):
         click.option("--sandbox", type=click.Choice(["auto", "bwrap", "off"]), default=None,
                      help="Run jobs under bubblewrap: auto (default: when it works here), bwrap (required), off."),
         click.option("--network/--no-network", default=None, help="Let sandboxed training jobs reach the network."),
+        click.option("--warm-start/--no-warm-start", default=None,
+                     help="Hand each sandboxed `python SCRIPT` job to an interpreter started, imports done, while "
+                          "the previous job trained (default on)."),
         click.option("--agent-sandbox", type=click.Choice(["auto", "bwrap", "off"]), default=None,
                      help="Run the researcher's own process under bubblewrap: auto (default), bwrap (required), off."),
         click.option("--agent-network", type=click.Choice(["on", "off"]), default=None,

@@ -129,6 +129,9 @@ class RunConfig:
     sandbox: str = declare("auto", Choice(options=SANDBOXES),
                            "training jobs and evaluations under bubblewrap (executors/sandbox.py)")
     network: bool = declare(False, Flag(), "sandboxed jobs may reach the network", "--network/--no-network")
+    warm_start: bool = declare(True, Flag(), "a sandboxed `python SCRIPT` job is handed to an interpreter the slot "
+                               "started, imports done, while the previous job trained (executors/warm.py)",
+                               "--warm-start/--no-warm-start")
     data_paths: tuple[str, ...] = declare((), Strings(), "folders outside the repo the sandboxed job may read, "
                                           "read-only (~ expands): e.g. the data prepare.py cached in your home",
                                           None, resume=RECORDED)

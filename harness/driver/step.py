@@ -260,6 +260,7 @@ class Candidate:
                    cached_tokens=cached, output_tokens=tokens_out,
                    cost_usd=self.cost_usd, retries=self.proposal.retries, log=rel(cfg, log),
                    sealed=seal.cell(result), node=result.node if result else "", kind=kind or self.kind,
+                   start=result.start if result else "",
                    reason=ledger.reason_code(status, reason or (result.reason if result else "")))
 
 

@@ -107,5 +107,5 @@ def repeat_row(cfg: RunConfig, result: TrainResult, candidate: int, commit: str,
                iteration=candidate, arm=cfg.arm, agent=agent, model=model or "",
                memory_gb=memory_gb(result), started_at=now_iso(), train_s=round(result.train_s, 3),
                wall_s=round(result.train_s, 3), seed=seed, candidate=candidate, log=rel(cfg, log),
-               sealed=seal.cell(result), node=result.node, kind=kind,
+               sealed=seal.cell(result), node=result.node, kind=kind, start=result.start,
                reason="" if result.status == "ok" else ledger.reason_code(result.status, result.reason))

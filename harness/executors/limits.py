@@ -55,6 +55,7 @@ class Limits:
     disk_mb: int = 0
     log_mb: int = DEFAULT_LOG_MB
     watch: tuple[tuple[str, Path], ...] = ()
+    disk_default: bool = False  # disk_mb is the machine's default (a share of the free disk: it drifts)
 
     def watching(self, **folders: Path) -> "Limits":
         return replace(self, watch=tuple((label.replace("_", " "), Path(p)) for label, p in folders.items()))
@@ -93,7 +94,8 @@ def of(cfg, where: Path) -> Limits:
         value = getattr(cfg, key, None)
         return default if value is None else int(value)
     return Limits(memory_mb=pick("job_memory_mb", base.memory_mb), pids=pick("job_pids", base.pids),
-                  disk_mb=pick("job_disk_mb", base.disk_mb), log_mb=pick("job_log_mb", base.log_mb))
+                  disk_mb=pick("job_disk_mb", base.disk_mb), log_mb=pick("job_log_mb", base.log_mb),
+                  disk_default=getattr(cfg, "job_disk_mb", None) is None)
 
 
 # ---------------------------------------------------------------------------

@@ -12,11 +12,19 @@ separate evaluation (evaluation.finish) runs beside it; the job's future resolve
 evaluation is done. Each slot has one evaluation at a time (`Slot.scoring`): a job whose
 training ends while its slot's previous evaluation still runs keeps the slot until that one is
 over, so evaluations never pile up behind a trainer that is faster than its evaluator.
+
+Warm start (warm.py): each slot has a second worktree (`spare`). Once a job runs, the slot readies
+its next one there: the spare is reset to the job's commit and cleaned, and an interpreter is
+started in it, under the sandbox, bounds and environment the run's jobs get, with its imports
+done. The slot's next job is handed to it when its start is the same (else it is discarded and
+the job starts cold); the two worktrees then change places.
 """
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import shutil
+import itertools
 import socket
 import threading
 from dataclasses import dataclass, field, replace
@@ -27,10 +35,11 @@ from .. import track
 from ..config import RunConfig
 from ..gitgate import GitGate, Worktree
 from ..workload.runner import TrainResult
-from . import evaluation
+from . import evaluation, warm
 from .base import Job, JobFuture, ThreadedExecutor, join_bounded
 
 CLOSE_S = 60.0  # s close() waits for the job threads after cancelling them (a job is killed in seconds)
+WARM_WAIT_S = 30.0  # s a job waits for its slot's next interpreter still being readied (a git reset, a spawn)
 
 
 def train_once(cfg: RunConfig, worktree: Path, log_path: Path, seed: int, gpu: str | None = None,
@@ -46,11 +55,13 @@ def train_once(cfg: RunConfig, worktree: Path, log_path: Path, seed: int, gpu: s
 
 def train_half(cfg: RunConfig, worktree: Path, log_path: Path, seed: int, gpu: str | None = None,
                cancel: threading.Event | None = None, iteration: int | None = None,
-               commit: str | None = None, trusted: dict[str, Any] | None = None
-               ) -> evaluation.Trained | TrainResult:
-    """train_once's first half: the training process, checked; its evaluation still to run."""
+               commit: str | None = None, trusted: dict[str, Any] | None = None,
+               ready: warm.Warm | None = None, on_start=None) -> evaluation.Trained | TrainResult:
+    """train_once's first half: the training process, checked; its evaluation still to run.
+    ready: an interpreter waiting for it (warm.py); on_start: called once the job runs."""
     return evaluation.train_job(cfg, worktree, log_path, seed, cancel=cancel, gpu=gpu,
-                                job_env=track.job_env(cfg, iteration, commit), **(trusted or {}))
+                                job_env=track.job_env(cfg, iteration, commit), warm=ready, on_start=on_start,
+                                **(trusted or {}))
 
 
 def scored(result: TrainResult) -> TrainResult:
@@ -67,16 +78,31 @@ def trusted_fields(job: Job) -> dict[str, Any]:
 class Slot:
     index: int
     gpu: str | None
-    path: Path
+    path: Path  # the worktree its job trains in
+    spare_path: Path  # the worktree its next job's interpreter waits in (warm.py)
     worktree: Worktree | None = None
+    spare: Worktree | None = None
+    ready: warm.Warm | None = None  # the interpreter waiting for its next job
+    warming: concurrent.futures.Future | None = None  # readies it
     scoring: threading.Lock = field(default_factory=threading.Lock)  # held by the one evaluation of its last job
+
+    def swap(self) -> None:
+        """The spare, where the next job's interpreter waited, becomes the job's worktree."""
+        self.path, self.spare_path = self.spare_path, self.path
+        self.worktree, self.spare = self.spare, self.worktree
 
 
 class LocalExecutor(ThreadedExecutor):
     def __init__(self, repo: Path, root: Path, gpus: tuple[str, ...] = ()):
         self.gate = GitGate(repo)
         self.root = Path(root)
-        self.free = [Slot(i, gpu, self.root / str(i)) for i, gpu in enumerate(gpus or (None,))]
+        self.free = [Slot(i, gpu, self.root / str(i), self.root / f"{i}w") for i, gpu in enumerate(gpus or (None,))]
+        self.warm_root = self.root.with_name(self.root.name + "-warm")  # the waiting interpreters' folders
+        self.warm_ids = itertools.count()
+        # One thread, alive as long as the executor, starts the waiting interpreters: bwrap's
+        # --die-with-parent follows the thread that started it, which must outlive it.
+        self.warmer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="warm")
+        shutil.rmtree(self.warm_root, ignore_errors=True)  # a killed supervisor's (its processes: recovery reaps them)
         self.all = list(self.free)
         self.gpus = {slot.gpu for slot in self.all if slot.gpu is not None}
         self.count = len(self.free)
@@ -148,10 +174,11 @@ class LocalExecutor(ThreadedExecutor):
             return
         job, trained = future.job, None
         try:
+            ready = self._ready(slot)
             wt = self._materialise(slot, job.commit)
             job.log_path.parent.mkdir(parents=True, exist_ok=True)
             trained = train_half(job.cfg, wt.path, job.log_path, job.seed, slot.gpu, job.cancel, job.iteration,
-                                 job.commit, trusted_fields(job))
+                                 job.commit, trusted_fields(job), ready, lambda: self._warm_next(slot, job))
             if isinstance(trained, evaluation.Trained) and trained.scored:
                 self._scoring_turn(slot, job)  # the slot's previous evaluation over (the slot held meanwhile)
             else:
@@ -187,6 +214,53 @@ class LocalExecutor(ThreadedExecutor):
             if job.cancel.is_set() or self.closed:
                 raise KeyboardInterrupt("training cancelled")
 
+    def _ready(self, slot: Slot) -> warm.Warm | None:
+        """The interpreter waiting for slot's next job, the slot's worktrees swapped for it; None
+        when there is none. One still being readied is waited for (WARM_WAIT_S at most)."""
+        if slot.warming is not None:
+            concurrent.futures.wait([slot.warming], WARM_WAIT_S)
+        with self.cond:
+            ready, slot.ready = slot.ready, None
+        if ready is not None:
+            slot.swap()
+        return ready
+
+    def _warm_next(self, slot: Slot, job: Job) -> None:
+        """The slot's job runs: ready the next one's interpreter in the spare worktree, beside it."""
+        if self.closed or not warm.eligible(job.cfg):
+            return
+        try:
+            slot.warming = self.warmer.submit(self._warm_up, slot, job)
+        except RuntimeError:  # closed meanwhile
+            slot.warming = None
+
+    def _warm_up(self, slot: Slot, job: Job) -> None:
+        ready = None
+        try:
+            with self.git_lock:  # at the job's commit, nothing of an earlier job left in it
+                if self.closed:
+                    return
+                if slot.spare is None:
+                    slot.spare = self.gate.detached_worktree(slot.spare_path, job.commit)
+                else:
+                    slot.spare.reset_hard(job.commit)
+            space = evaluation.make_space(self.warm_root / f"{slot.index}-{next(self.warm_ids)}.job")
+            ready = warm.start(job.cfg, slot.spare_path, space, job.baseline or job.commit, slot.gpu,
+                               track.job_env(job.cfg, None, None), dict(job.protected_sha256))
+        except Exception as e:  # noqa: BLE001 - the next job starts cold; the run's events say why
+            from ..ledger import events
+            events.record(self.root.parent, "warm_start_failed", f"slot {slot.index}: {e}")
+        if ready is None:
+            from ..ledger import events
+            events.record(self.root.parent, "warm_start_failed", f"slot {slot.index}: no interpreter could be "
+                                                                 f"started for {job.log_path.stem}'s successor")
+            return
+        with self.cond:
+            if not self.closed and slot.ready is None:
+                slot.ready, ready = ready, None
+        if ready is not None:  # the executor closed meanwhile
+            ready.discard()
+
     def _materialise(self, slot: Slot, commit: str) -> Worktree:
         with self.git_lock:
             if slot.worktree is None:
@@ -207,16 +281,25 @@ class LocalExecutor(ThreadedExecutor):
                 f.job.cancel.set()
             self.cond.notify_all()
         hung = join_bounded(self.threads, CLOSE_S, self.root.parent, "training job")
+        self.warmer.shutdown(wait=False, cancel_futures=True)
+        concurrent.futures.wait([s.warming for s in self.all if s.warming is not None], WARM_WAIT_S)
         with self.cond:
             busy = [s for s in self.all if s not in self.free] if hung else []
+            ready = [s.ready for s in self.all if s.ready is not None]
+            for slot in self.all:
+                slot.ready = None
+        for waiting in ready:
+            waiting.discard()
+        shutil.rmtree(self.warm_root, ignore_errors=True)
         with self.git_lock:
             for slot in self.all:
                 if slot in busy:
                     continue
-                if slot.worktree is not None:
-                    slot.worktree.close()
-                slot.worktree = None
-            self._remove_leftovers(skip={s.path for s in busy})
+                for wt in (slot.worktree, slot.spare):
+                    if wt is not None:
+                        wt.close()
+                slot.worktree = slot.spare = None
+            self._remove_leftovers(skip={p for s in busy for p in (s.path, s.spare_path)})
 
     def _remove_leftovers(self, skip: set[Path] = frozenset()) -> None:
         """Slot worktrees of this executor, or of a supervisor that was killed: removed, pruned."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..config import RunConfig
 from ..workload.runner import TrainResult, run_training, tail
-from . import evaluation, limits, sandbox, view
+from . import evaluation, launch, limits, sandbox, view
 
 EXPORTS = "train-data"  # in the run folder: the training splits exported for the jobs, one folder per key
 _EXPORT_LOCKS: dict[Path, threading.Lock] = {}  # one export per folder at a time (slots, baseline runs)
@@ -53,10 +53,10 @@ def export(cfg: RunConfig, worktree: Path, where: Path, base: str, choice: sandb
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(parents=True)
         log = root / "export.log"
-        wrap = evaluation.wrapper(choice, worktree=work, tmp_dir=tmp, output_dir=staging, readonly=[view.data_cache()],
+        wrap = launch.wrapper(choice, worktree=work, tmp_dir=tmp, output_dir=staging, readonly=[view.data_cache()],
                                   hidden=[p for p in (cfg.run_dir, cfg.repo / ".git", view.HARNESS_PACKAGE) if p.exists()])
         bounds = limits.of(cfg, where).watching(private_tmp=tmp)  # the split itself may be larger than a job's files
-        done = run_training(cfg.train_data_command, work, evaluation.harness_env({"HARNESS_OUTPUT_DIR": str(staging)}),
+        done = run_training(cfg.train_data_command, work, launch.harness_env({"HARNESS_OUTPUT_DIR": str(staging)}),
                             log, metric="-", kill_after_s=cfg.kill_after, wrap=wrap, cancel=cancel, limits=bounds)
         if done.returncode != 0:
             return TrainResult("crash", reason=f"train_data_command failed ({done.reason}): {tail(log, 600)}")

@@ -34,6 +34,7 @@ TAIL_COLUMNS = (
     "node",
     "first_run",
     "kind", "reason",
+    "start",
 )
 # What a row is (the `kind` column), so no reader takes meaning back out of a description:
 KINDS = ("baseline", "candidate", "reeval", "confirm", "health", "budget", "stopped")
@@ -93,6 +94,7 @@ class Row:
     node: str = ""  # the machine that trained it (local: the hostname; Ray: host/node id); "": no training
     kind: str = "candidate"  # KINDS
     reason: str = ""  # reason_code(...) of a row that is not a plain keep or discard
+    start: str = ""  # warm: the job was handed to an interpreter started before it (executors/warm.py); cold; "": none
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

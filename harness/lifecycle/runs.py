@@ -160,7 +160,7 @@ def baseline(ctx: Context, state: RunState, progress: Progress) -> Baseline:
               model=model, started_at=started_at, train_s=round(result.train_s, 3),
               wall_s=round(time.monotonic() - t0, 3), log=rel(cfg, log), seed=cfg.seed,
               runs=len(values), mean=statistics.fmean(values) if len(values) > 1 else None, sigma=sigma,
-              sealed=seal.cell(result), node=result.node, kind="baseline",
+              sealed=seal.cell(result), node=result.node, kind="baseline", start=result.start,
               reason="" if status == "keep" else ledger.reason_code(result.status, result.reason))
     if status != "keep":
         return Baseline([row, *repeats], error=RepoError(baseline_failed_message(cfg, base, result, log)))

@@ -45,6 +45,8 @@ class TrainResult:
     gpu_others_s: float | None = None  # GPU seconds other processes' kernels ran on its devices meanwhile
     test_metrics: dict = field(default_factory=dict)  # a test job's figure on the test split (never decides)
 
+    start: str = ""  # "warm": handed to a pre-started interpreter (executors/warm.py); "cold": started for it; "": not trained
+
     def value(self, metric: str) -> float | None:
         """The metric of an ok job only: a crash's, a timeout's or an invalid job's figures are the
         job's own print, never a row's metric."""
@@ -115,6 +117,16 @@ def tail(path: Path, max_bytes: int = 4000) -> str:
 # Running
 
 
+@dataclass
+class Started:
+    """A job process already running under its bounds, handed its job just now (a warm start,
+    executors/warm.py): run_training watches it from here, its clock and its CPU counted from the
+    handover, its log already at log_path."""
+    proc: subprocess.Popen
+    group: Cgroup | None
+    cpu_before_s: float | None  # CPU seconds its cgroup used before the handover (its imports): not the job's
+
+
 def training_env(base: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in base.items() if not SECRET_RE.search(k)}
     env.update(extra)
@@ -131,7 +143,8 @@ def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, m
                  kill_after_s: float, stall_after_s: float | None = None,
                  pass_fds: tuple[int, ...] = (), cancel: threading.Event | None = None,
                  wrap: Callable[[list[str]], list[str]] | None = None, limits: Limits | None = None,
-                 gpu: bool = False) -> TrainResult:
+                 gpu: bool = False, started: Started | None = None,
+                 on_start: Callable[[], None] | None = None) -> TrainResult:
     """Run the job to completion, a crash, the hard deadline, a stall or a bound; never raises for job failures.
 
     A KeyboardInterrupt while waiting (or cancel set, from another thread) kills the job's
@@ -141,28 +154,34 @@ def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, m
     and log; a job that ran into one is `invalid`, the bound named. gpu: the job may use a GPU, whose
     time NVML accounts (gputime.py). The job is started through the
     run's supervisor (supervise.py): it is on disk before it runs, so a resumed supervisor can stop
-    a job its killed predecessor left behind.
+    a job its killed predecessor left behind. started: the job's process is already running (a warm
+    start, its sandbox and bounds those of the command's: executors/warm.py); command and wrap
+    unused. on_start: called once the job's process runs (the local executor readies the next job's interpreter then).
     """
     from ..executors import limits as bounds  # executors/ imports this module: bound here, not at import
     from ..executors.gputime import GpuTime, cgroup_pids
     limits = limits or bounds.Limits()
     argv = shlex.split(command)
-    argv = wrap(argv) if wrap is not None else argv
+    argv = wrap(argv) if wrap is not None and started is None else argv
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    group = bounds.Cgroup.make(limits)
+    group = started.group if started is not None else bounds.Cgroup.make(limits)
     idle_before = bounds.idle_ticks()
     start = time.monotonic()
     try:
-        # The job writes its log itself (a file, not a pipe to the harness): a job outlives a killed
-        # supervisor as before, for the resumed one to stop; the poll loop bounds its size.
-        with open(log_path, "wb") as log:
-            try:
-                proc = supervise.spawn(f"train {log_path.name}", bounds.prefix(limits, group) + argv, cwd=cwd,
-                                       env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       pass_fds=pass_fds)
-            except OSError as e:
-                log.write(f"could not start {argv!r}: {e}\n".encode())
-                return TrainResult("crash", reason=f"could not start the training command: {e}")
+        if started is not None:
+            proc = started.proc
+        else:  # the job writes its log itself (a file, not a pipe to the harness): a job outlives a
+            # killed supervisor as before, for the resumed one to stop; the poll loop bounds its size
+            with open(log_path, "wb") as log:
+                try:
+                    proc = supervise.spawn(f"train {log_path.name}", bounds.prefix(limits, group) + argv, cwd=cwd,
+                                           env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                           pass_fds=pass_fds)
+                except OSError as e:
+                    log.write(f"could not start {argv!r}: {e}\n".encode())
+                    return TrainResult("crash", reason=f"could not start the training command: {e}")
+        if on_start is not None:
+            on_start()
         faults.point("during_train")  # tests: the supervisor dies while the job runs
         watch, stalls = bounds.Watch(limits, start, log_path), bounds.Stalls(group)
         gpu_time = GpuTime(env.get("CUDA_VISIBLE_DEVICES"),
@@ -178,6 +197,8 @@ def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, m
         if status is None:  # it exited: did it run into a bound?
             status, reason = _exceeded(proc, group, watch, limits, log_path)
         cpu_s = group.cpu_seconds() if group is not None else None  # all of it is gone: the total is final
+        if cpu_s is not None and started is not None:  # a warm start's imports are not the job's
+            cpu_s = None if started.cpu_before_s is None else max(0.0, cpu_s - started.cpu_before_s)
     finally:
         if group is not None:
             group.remove()
@@ -186,6 +207,7 @@ def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, m
     used = {"cpu_s": cpu_s, "idle_cpus": bounds.idle_cpus(idle_before, idle_after, train_s),
             "cpus": idle_after[1] if idle_after else 0, "stall_s": stalls.max_s,
             "gpu_s": gpu_time.gpu_s if gpu_time else None, "gpu_others_s": gpu_time.others_s if gpu_time else None}
+    used["start"] = "warm" if started is not None else "cold"
     if status is not None:
         return TrainResult(status, train_s=train_s, returncode=proc.returncode, reason=reason, **used)
     status, metrics, reason = judge(tail(log_path, RESULT_TAIL_BYTES), proc.returncode, metric)

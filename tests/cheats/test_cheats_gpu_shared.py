@@ -1,7 +1,7 @@
 """A shared GPU accuses no one (issue 23, item 3: GPU time where the driver reports it), through the
 real driver: a GPU job past its wall limit is judged by the GPU time NVML accounts to it
 (executors/gputime.py, budget.shared_gpu). The machine has no GPU, so what stands in is the
-device node (evaluation.has_gpu) and the driver's library (tests/fakes/nvml.py, pynvml's calls);
+device node (launch.has_gpu) and the driver's library (tests/fakes/nvml.py, pynvml's calls);
 the jobs, their process trees, the sampling and the verdicts are real.
 
 Three candidates each run 3x the budget: one slowed by another process's kernels (its own GPU time
@@ -18,7 +18,7 @@ from harness.driver import loop as driver
 from harness import ledger
 from harness.agents import Proposal
 from harness.config.load import resolve
-from harness.executors import budget, evaluation, gputime
+from harness.executors import budget, gputime, launch
 
 from conftest import ScriptedResearcher, make_repo, set_globals
 from fakes.nvml import FakeNvml
@@ -57,7 +57,7 @@ def night(tmp_path_factory):
                                 "policy": False, "on_unhealthy": "continue", "health_every": 0, "gate": "strict"})
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(sys.modules, "pynvml", nvml)
-        mp.setattr(evaluation, "has_gpu", lambda visible: True)  # a device node this machine lacks
+        mp.setattr(launch, "has_gpu", lambda visible: True)  # a device node this machine lacks
         driver.run(cfg, researcher=ScriptedResearcher([slowed, works_more, idles]))
     yield cfg, ledger.read_rows(cfg.ledger_path), nvml
 

@@ -1,0 +1,125 @@
+"""The scorers: the workload's `evaluate_command` (and a test job's `test_command`) on what a job
+left, each from the baseline's protected files in a sandbox of its own (evaluation.py's steps 5-6).
+
+A scorer sees its copy of the baseline's files, the job's output folder read-only and the data
+cache; nothing of the slot's worktree (where the next job may train now) nor of the run folder.
+Beside a training job it yields the CPU (EVAL_NICE) and, on a GPU, stays within
+EVAL_GPU_MEMORY_FRACTION of it; its deadline is calibrated on the baseline's evaluation (limits.py).
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..workload.runner import TrainResult, run_training, tail
+from . import limits, view
+from .launch import harness_env, state_dir, wrapper
+
+if TYPE_CHECKING:
+    from .evaluation import Trained
+
+EVAL_NICE = 10  # the scorers' niceness: on a CPU they take what the training job beside them leaves
+EVAL_GPU_MEMORY_FRACTION = 0.1  # of the slot's GPU a scorer may allocate (HARNESS_GPU_MEMORY_FRACTION)
+
+
+def evaluate(t: Trained, cancel: threading.Event | None = None, overlap_s: float = 0.0,
+             beside: bool = False) -> TrainResult:
+    """Run evaluate_command from the baseline's files on what the job left; its result is the metric.
+
+    It has its own deadline (limits.eval_deadline, longer by overlap_s), bounds (limits.of) and
+    the job's cancel event; a failed evaluation's row carries no figure of the job's metric."""
+    cfg, job, space = t.cfg, t.result, t.space
+    eval_log = t.log_path.with_suffix(".eval.log")
+    done, figures, why = run_scorer(t, cfg.evaluate_command, eval_log, (space.evaluator, space.eval_tmp,
+                                                                         space.eval_out), t.at_base, cancel, overlap_s, beside)
+    logged = {k: v for k, v in job.metrics.items()  # the job's own figures: a log, never the metric
+              if k != cfg.metric and isinstance(v, float)}
+    job = replace(job, metrics=logged)  # whatever the evaluation says, the job's printed metric is gone
+    if figures is not None and "refused" in figures:
+        return replace(job, status="invalid", sealed=True, reason=f"the evaluation refused the model: "
+                                                                  f"{str(figures['refused'])[:400]}")
+    if done.status == "timeout":
+        return replace(job, status="timeout", sealed=True, reason=f"the evaluation was {done.reason} ({why})")
+    if done.status == "invalid":  # a bound the evaluation of the job's model ran into
+        return replace(job, status="invalid", sealed=True,
+                       reason=f"the evaluation of its model ran into a bound: {done.reason}")
+    value = None if figures is None else figures.get(cfg.metric)
+    if done.returncode != 0 or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return replace(job, status="crash", sealed=True,
+                       reason=f"the evaluation gave no finite {cfg.metric} ({done.reason or 'no result file'}): "
+                              f"{tail(eval_log, 400)}")
+    if t.at_base:
+        limits.calibrate_eval(state_dir(cfg, t.log_path), t.base, done.train_s)
+    metrics = {**logged, **{k: float(v) for k, v in figures.items()
+                            if isinstance(v, (int, float)) and not isinstance(v, bool)}}
+    return replace(job, status="ok", metrics=metrics, sealed=True, reason="")
+
+
+def run_scorer(t: Trained, command: str, scorer_log: Path, folders: tuple[Path, Path, Path], at_base: bool,
+               cancel: threading.Event | None, overlap_s: float = 0.0,
+               beside: bool = False) -> tuple[TrainResult, dict | None, str]:
+    """Run a scorer (evaluate_command, test_command) from the baseline's protected files (written
+    from git by train_job) in its own sandbox, the job's output folder read-only; (how it ended, its
+    result file, what its deadline is). folders: its copy of the baseline's files, its private /tmp,
+    its result folder. It sees nothing of the slot's worktree (where the next job may train now) nor
+    of any other job's folders: the run folder is hidden, and only its own folders are shown. With a
+    training job beside it (beside) it runs at a lower CPU priority (EVAL_NICE); on a GPU, always
+    within EVAL_GPU_MEMORY_FRACTION of it."""
+    cfg, space = t.cfg, t.space
+    files, tmp, out = folders
+    result_file = out / "result.json"
+    extra = {"HARNESS_OUTPUT_DIR": str(space.out), "HARNESS_RESULT_FILE": str(result_file),
+             "HARNESS_GPU_MEMORY_FRACTION": f"{EVAL_GPU_MEMORY_FRACTION:g}"}
+    if t.gpu is not None:  # the slot's GPU, as its job had it
+        extra["CUDA_VISIBLE_DEVICES"] = t.gpu
+    env = harness_env(extra)
+    hidden = [p for p in (cfg.run_dir, cfg.repo / "runs", cfg.repo / ".git", view.HARNESS_PACKAGE, Path(t.worktree))
+              if p.exists()]
+    sandboxed = wrapper(t.choice, worktree=files, tmp_dir=tmp, output_dir=out,
+                        readonly=[space.out, view.data_cache()], hidden=hidden, network=False)
+    nice = shutil.which("nice") if beside else None
+
+    def wrap(argv: list[str]) -> list[str]:
+        argv = sandboxed(argv) if sandboxed is not None else argv
+        return [nice, "-n", str(EVAL_NICE), *argv] if nice else argv
+    where = state_dir(cfg, t.log_path)
+    deadline_s, why = limits.eval_deadline(cfg.eval_kill_after, where, t.base, at_base)
+    if overlap_s and cfg.eval_kill_after is None:
+        deadline_s, why = deadline_s + overlap_s, f"{why}, and {overlap_s:.0f}s for the training beside it"
+    bounds = limits.of(cfg, where).watching(private_tmp=tmp, output_folder=out)
+    done = run_training(command, files, env, scorer_log, cfg.metric, kill_after_s=deadline_s,
+                        wrap=wrap, cancel=cancel, limits=bounds)
+    return done, _read(result_file), why
+
+
+def score_test(t: Trained, cancel: threading.Event | None = None, overlap_s: float = 0.0,
+               beside: bool = False) -> dict[str, Any]:
+    """test_command on the model the job left: {metric: figure} (finite), or {"error": why}. Its own
+    log (`.test.log`); the job's code never runs in it, and nothing it says decides anything."""
+    cfg, space = t.cfg, t.space
+    test_log = t.log_path.with_suffix(".test.log")
+    done, figures, why = run_scorer(t, str(cfg.test_command), test_log, (space.tester, space.test_tmp,
+                                                                          space.test_out), False, cancel, overlap_s, beside)
+    if figures is not None and "refused" in figures:
+        return {"error": f"the test evaluation refused the model: {str(figures['refused'])[:400]}"}
+    if done.status in ("timeout", "invalid"):
+        return {"error": f"the test evaluation was stopped: {done.reason} ({why})"}
+    value = None if figures is None else figures.get(cfg.metric)
+    if done.returncode != 0 or not isinstance(value, (int, float)) or isinstance(value, bool) \
+            or not math.isfinite(value):
+        return {"error": f"the test evaluation gave no finite {cfg.metric} ({done.reason or 'no result file'}): "
+                         f"{tail(test_log, 400)}"}
+    return {cfg.metric: float(value), "test_s": done.train_s}
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
