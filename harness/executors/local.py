@@ -172,7 +172,7 @@ class LocalExecutor(ThreadedExecutor):
         if not future.set_running_or_notify_cancel():
             self._give(future, slot)
             return
-        job, trained = future.job, None
+        job, trained, ready = future.job, None, None
         try:
             ready = self._ready(slot)
             wt = self._materialise(slot, job.commit)
@@ -186,9 +186,13 @@ class LocalExecutor(ThreadedExecutor):
         except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
             if isinstance(trained, evaluation.Trained):  # cancelled before its evaluation: its folders go
                 shutil.rmtree(trained.space.root, ignore_errors=True)
+            if ready is not None and not ready.used:  # never handed the job: stopped with it
+                ready.discard()
             self._give(future, slot)
             future.set_exception(e)
             return
+        if ready is not None and not ready.used:  # the job ended before its start (a refused baseline)
+            ready.discard()
         self._give(None, slot)  # the next job trains while this one is evaluated
         with self.cond:  # a job waits for a slot, or trains in one: the evaluation yields the CPU to it
             beside = bool(self.waiting) or len(self.free) < self.count
@@ -219,10 +223,10 @@ class LocalExecutor(ThreadedExecutor):
         when there is none. One still being readied is waited for (WARM_WAIT_S at most)."""
         if slot.warming is not None:
             concurrent.futures.wait([slot.warming], WARM_WAIT_S)
-        with self.cond:
+        with self.git_lock, self.cond:
             ready, slot.ready = slot.ready, None
-        if ready is not None:
-            slot.swap()
+            if ready is not None:
+                slot.swap()
         return ready
 
     def _warm_next(self, slot: Slot, job: Job) -> None:
@@ -235,30 +239,30 @@ class LocalExecutor(ThreadedExecutor):
             slot.warming = None
 
     def _warm_up(self, slot: Slot, job: Job) -> None:
-        ready = None
+        from ..ledger import events
         try:
             with self.git_lock:  # at the job's commit, nothing of an earlier job left in it
                 if self.closed:
                     return
+                path = slot.spare_path
                 if slot.spare is None:
-                    slot.spare = self.gate.detached_worktree(slot.spare_path, job.commit)
+                    slot.spare = self.gate.detached_worktree(path, job.commit)
                 else:
                     slot.spare.reset_hard(job.commit)
             space = evaluation.make_space(self.warm_root / f"{slot.index}-{next(self.warm_ids)}.job")
-            ready = warm.start(job.cfg, slot.spare_path, space, job.baseline or job.commit, slot.gpu,
+            ready = warm.start(job.cfg, path, space, job.baseline or job.commit, slot.gpu,
                                track.job_env(job.cfg, None, None), dict(job.protected_sha256))
         except Exception as e:  # noqa: BLE001 - the next job starts cold; the run's events say why
-            from ..ledger import events
             events.record(self.root.parent, "warm_start_failed", f"slot {slot.index}: {e}")
+            return
         if ready is None:
-            from ..ledger import events
             events.record(self.root.parent, "warm_start_failed", f"slot {slot.index}: no interpreter could be "
                                                                  f"started for {job.log_path.stem}'s successor")
             return
-        with self.cond:
-            if not self.closed and slot.ready is None:
+        with self.cond:  # still the slot's spare worktree, and no other one waiting there
+            if not self.closed and slot.ready is None and slot.spare_path == path:
                 slot.ready, ready = ready, None
-        if ready is not None:  # the executor closed meanwhile
+        if ready is not None:
             ready.discard()
 
     def _materialise(self, slot: Slot, commit: str) -> Worktree:

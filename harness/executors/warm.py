@@ -191,6 +191,7 @@ class Warm:
     how: Launch  # the start it was given: the job must have this one
     view: list[str]  # its sandbox, as the job's cold start would get it
     why: str = ""  # why it was not handed its job, when it was not
+    used: bool = False  # handed its job, or discarded: either way no other job gets it
 
     def unfit(self, how: Launch, train_command: str) -> str:
         """Why how (the job's start) is not the one this interpreter was started with ("" when it is:
@@ -216,6 +217,7 @@ class Warm:
             self.why = f"it exited ({self.proc.returncode}) before the job came: {self.last_words()}"
             self.discard()
             return None
+        self.used = True
         env = how.environ()
         message = {"env": {k: env[k] for k in PER_JOB_ENV if k in env},
                    "unset": [k for k in PER_JOB_ENV if k not in env], "argv": shlex.split(train_command)[1:]}
@@ -239,6 +241,7 @@ class Warm:
 
     def discard(self) -> None:
         """Stop it, unused: its processes, its cgroup and its folders go."""
+        self.used = True
         kill_group(self.proc)
         if self.proc.stdin is not None:
             self.proc.stdin.close()
