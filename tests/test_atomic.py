@@ -15,7 +15,7 @@ from harness.driver import step
 from harness.lifecycle import stops, supervise
 from harness.agents.gemini import GeminiResearcher
 from harness.config import RunConfig
-from harness.executors import limits
+from harness.executors import scoring
 from harness.executors.ray_executor import RayExecutor
 
 
@@ -70,7 +70,7 @@ def test_every_trusted_file_is_written_through_the_one_helper(tmp_path: Path, mo
     step.write_journal(cfg, {"iteration": 1}, "inflight-0a.json")  # the in-flight journal
     step.record_tried(cfg, "d" * 64)  # tried.txt, read on resume
     supervise._write_json(tmp_path / "proc.json", {"pid": 1})  # a child's record
-    limits.calibrate_eval(tmp_path, "base", 3.0)  # evaluation.json
+    scoring.calibrate_eval(tmp_path, "base", 3.0)  # evaluation.json
     RayExecutor._write_record(SimpleNamespace(tasks_dir=tmp_path / "ray-tasks"), {"token": "tok"})
     clock = stops.RunClock(tmp_path)
     clock.save()  # clock.json
@@ -86,7 +86,7 @@ def test_every_trusted_file_is_written_through_the_one_helper(tmp_path: Path, mo
     ab.write_setup(tmp_path, "t", "0" * 40, "interleave", [], {"a": arm})  # ab.json, read on resume
     ledgerguard.write_trusted(tmp_path / "run.json", b"{}")  # and the ledger guard's own files
     ledgerguard.append(tmp_path / "results.tsv", b"a\tb\n", b"")  # the ledger's state record
-    assert {"inflight-0a.json", "append:tried.txt", "proc.json", limits.EVAL_FILE, "tok.json", stops.CLOCK_NAME,
+    assert {"inflight-0a.json", "append:tried.txt", "proc.json", scoring.EVAL_FILE, "tok.json", stops.CLOCK_NAME,
             "settings.json", "ab.json", "run.json", ledgerguard.RECORD,
             ledgerguard.state_path(tmp_path / "results.tsv").name} <= set(written), written
     assert json.loads((tmp_path / "gemini-home/.gemini/settings.json").read_text())["security"]["auth"]

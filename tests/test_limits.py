@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.config.load import resolve
-from harness.executors import evaluation, limits
+from harness.executors import evaluation, limits, scoring
 from harness.workload.runner import TrainResult, run_training
 
 from conftest import git, make_repo
@@ -137,14 +137,14 @@ def test_a_failed_job_has_no_metric_whatever_it_printed():
 
 
 def test_the_evaluation_deadline_is_calibrated_on_the_baseline(tmp_path):
-    assert limits.eval_deadline(None, tmp_path, "base", at_base=False)[0] == limits.EVAL_UNCALIBRATED_S
-    limits.calibrate_eval(tmp_path, "base", 100.0)
-    limits.calibrate_eval(tmp_path, "base", 50.0)
-    seconds, why = limits.eval_deadline(None, tmp_path, "base", at_base=False)
+    assert scoring.eval_deadline(None, tmp_path, "base", at_base=False)[0] == scoring.EVAL_UNCALIBRATED_S
+    scoring.calibrate_eval(tmp_path, "base", 100.0)
+    scoring.calibrate_eval(tmp_path, "base", 50.0)
+    seconds, why = scoring.eval_deadline(None, tmp_path, "base", at_base=False)
     assert seconds == 400.0 and "100.0s evaluation" in why
-    assert limits.eval_deadline(None, tmp_path, "base", at_base=True)[0] == limits.EVAL_UNCALIBRATED_S
-    assert limits.eval_deadline(None, tmp_path, "other", at_base=False)[0] == limits.EVAL_UNCALIBRATED_S
-    assert limits.eval_deadline(7.0, tmp_path, "base", at_base=False)[0] == 7.0
+    assert scoring.eval_deadline(None, tmp_path, "base", at_base=True)[0] == scoring.EVAL_UNCALIBRATED_S
+    assert scoring.eval_deadline(None, tmp_path, "other", at_base=False)[0] == scoring.EVAL_UNCALIBRATED_S
+    assert scoring.eval_deadline(7.0, tmp_path, "base", at_base=False)[0] == 7.0
 
 
 SLOW_EVAL = ("import json, os, time\ntime.sleep({sleep})\n"
@@ -165,7 +165,7 @@ def test_the_baselines_evaluation_is_not_bound_by_the_trainings_kill_after(tmp_p
     cfg = resolve(repo, "t", {"protected": ["prepare.py", "evaluate.py"]})
     result = evaluation.train(cfg, repo, tmp_path / "logs" / "job.log", seed=1)
     assert result.status == "ok" and result.value("val_bpb") == 0.9, result
-    assert limits.read_eval_times(tmp_path / "logs", evaluation.baseline_commit(cfg, repo, "", {}))  # calibrated
+    assert scoring.read_eval_times(tmp_path / "logs", evaluation.baseline_commit(cfg, repo, "", {}))  # calibrated
 
 
 def test_eval_kill_after_bounds_the_evaluation(tmp_path):

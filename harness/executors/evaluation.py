@@ -25,7 +25,6 @@ local executor runs after it has handed the slot to the next job: docs/pipeline.
 """
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import threading
@@ -274,7 +273,7 @@ def copy_job_file(src: Path, dest: Path) -> None:
 
 def job_outcome(result: TrainResult, log_path: Path) -> TrainResult:
     """With a separate evaluation the job only has to exit cleanly: its printed figures are a log."""
-    refused = _read(log_path.with_suffix(".result.json")) or {}
+    refused = scoring.read_json(log_path.with_suffix(".result.json")) or {}
     if "refused" in refused:  # the workload's own code refused to go on (prepare.py's checks)
         return replace(result, status="invalid", reason=f"prepare.py refused: {str(refused['refused'])[:400]}")
     if result.status in ("timeout", "invalid"):  # the deadline, or a bound (limits.py) the job ran into
@@ -317,11 +316,3 @@ def materialise(worktree: Path, commit: str, protected: tuple[str, ...], dest: P
     dest.mkdir(parents=True)
     with Worktree(worktree) as wt:
         return wt.export(commit, protected, dest)
-
-
-def _read(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None

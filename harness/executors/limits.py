@@ -19,7 +19,6 @@ Each bound has a default derived from the machine (`defaults`), a config key and
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -29,7 +28,6 @@ import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..ledger import atomic
 
 MB = 1 << 20  # bytes
 MEMORY_FRACTION = 0.5  # of MemTotal, per job: a runaway job leaves the machine (and its supervisor) alive
@@ -410,44 +408,3 @@ def trim_log(path: Path, log_mb: int) -> int:
         return cut
     except OSError:
         return 0
-
-
-# ---------------------------------------------------------------------------
-# The evaluation's own deadline, calibrated on the baseline's evaluation (like the start-up allowance)
-
-EVAL_FILE = "evaluation.json"  # in the run folder: the baseline's evaluation times, never visible to a job
-EVAL_MIN_S = 120.0  # s: the shortest calibrated deadline (a candidate's model may be a little larger)
-EVAL_FACTOR = 4.0  # the slowest baseline evaluation, times this
-EVAL_UNCALIBRATED_S = 3600.0  # s, the baseline's own evaluation (the user's code; nothing measured yet)
-_EVAL_LOCK = threading.Lock()  # baseline runs on several slots at once calibrate one file
-
-
-def read_eval_times(where: Path, commit: str) -> list[float]:
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        data = json.loads((Path(where) / EVAL_FILE).read_text())
-        if data.get("commit") == commit:
-            return [float(s) for s in data.get("eval_s", [])]
-    return []
-
-
-def calibrate_eval(where: Path, commit: str, eval_s: float) -> None:
-    """Record one evaluation of the baseline's model (its wall seconds)."""
-    path = Path(where) / EVAL_FILE
-    with _EVAL_LOCK:
-        times = read_eval_times(where, commit) + [round(eval_s, 3)]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic.atomic_write(path, json.dumps({"commit": commit, "eval_s": times}) + "\n")
-
-
-def eval_deadline(setting_s: float | None, where: Path, commit: str, at_base: bool) -> tuple[float, str]:
-    """(seconds, what they are) an evaluation may run: eval_kill_after when set; else, for a
-    candidate, max(EVAL_MIN_S, EVAL_FACTOR x the slowest baseline evaluation); for the baseline
-    (or before it was measured), EVAL_UNCALIBRATED_S. Never the training's kill_after: a slow
-    machine's honest evaluation is not a slow training job."""
-    if setting_s is not None:
-        return setting_s, "eval_kill_after; raise it with --eval-kill-after"
-    times = [] if at_base else read_eval_times(where, commit)
-    if not times:
-        return EVAL_UNCALIBRATED_S, "the baseline's evaluation is not measured yet; set it with --eval-kill-after"
-    return (max(EVAL_MIN_S, EVAL_FACTOR * max(times)),
-            f"{EVAL_FACTOR:g}x the baseline's {max(times):.1f}s evaluation; set it with --eval-kill-after")

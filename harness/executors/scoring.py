@@ -8,6 +8,7 @@ EVAL_GPU_MEMORY_FRACTION of it; its deadline is calibrated on the baseline's eva
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..workload.runner import TrainResult, run_training, tail
+from ..ledger import atomic
 from . import limits, view
 from .launch import harness_env, state_dir, wrapper
 
@@ -31,7 +33,7 @@ def evaluate(t: Trained, cancel: threading.Event | None = None, overlap_s: float
              beside: bool = False) -> TrainResult:
     """Run evaluate_command from the baseline's files on what the job left; its result is the metric.
 
-    It has its own deadline (limits.eval_deadline, longer by overlap_s), bounds (limits.of) and
+    It has its own deadline (eval_deadline, longer by overlap_s), bounds (limits.of) and
     the job's cancel event; a failed evaluation's row carries no figure of the job's metric."""
     cfg, job, space = t.cfg, t.result, t.space
     eval_log = t.log_path.with_suffix(".eval.log")
@@ -54,7 +56,7 @@ def evaluate(t: Trained, cancel: threading.Event | None = None, overlap_s: float
                        reason=f"the evaluation gave no finite {cfg.metric} ({done.reason or 'no result file'}): "
                               f"{tail(eval_log, 400)}")
     if t.at_base:
-        limits.calibrate_eval(state_dir(cfg, t.log_path), t.base, done.train_s)
+        calibrate_eval(state_dir(cfg, t.log_path), t.base, done.train_s)
     metrics = {**logged, **{k: float(v) for k, v in figures.items()
                             if isinstance(v, (int, float)) and not isinstance(v, bool)}}
     return replace(job, status="ok", metrics=metrics, sealed=True, reason="")
@@ -88,13 +90,13 @@ def run_scorer(t: Trained, command: str, scorer_log: Path, folders: tuple[Path, 
         argv = sandboxed(argv) if sandboxed is not None else argv
         return [nice, "-n", str(EVAL_NICE), *argv] if nice else argv
     where = state_dir(cfg, t.log_path)
-    deadline_s, why = limits.eval_deadline(cfg.eval_kill_after, where, t.base, at_base)
+    deadline_s, why = eval_deadline(cfg.eval_kill_after, where, t.base, at_base)
     if overlap_s and cfg.eval_kill_after is None:
         deadline_s, why = deadline_s + overlap_s, f"{why}, and {overlap_s:.0f}s for the training beside it"
     bounds = limits.of(cfg, where).watching(private_tmp=tmp, output_folder=out)
     done = run_training(command, files, env, scorer_log, cfg.metric, kill_after_s=deadline_s,
                         wrap=wrap, cancel=cancel, limits=bounds)
-    return done, _read(result_file), why
+    return done, read_json(result_file), why
 
 
 def score_test(t: Trained, cancel: threading.Event | None = None, overlap_s: float = 0.0,
@@ -117,9 +119,51 @@ def score_test(t: Trained, cancel: threading.Event | None = None, overlap_s: flo
     return {cfg.metric: float(value), "test_s": done.train_s}
 
 
-def _read(path: Path) -> dict | None:
+def read_json(path: Path) -> dict | None:
+    """A result file's object, or None (missing, unreadable, not a JSON object)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+# ---------------------------------------------------------------------------
+# The evaluation's deadline, calibrated on the baseline's own evaluation
+
+EVAL_FILE = "evaluation.json"  # in the run folder: the baseline's evaluation times, never visible to a job
+EVAL_MIN_S = 120.0  # s: the shortest calibrated deadline (a candidate's model may be a little larger)
+EVAL_FACTOR = 4.0  # the slowest baseline evaluation, times this
+EVAL_UNCALIBRATED_S = 3600.0  # s, the baseline's own evaluation (the user's code; nothing measured yet)
+_EVAL_LOCK = threading.Lock()  # baseline runs on several slots at once calibrate one file
+
+
+def read_eval_times(where: Path, commit: str) -> list[float]:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        data = json.loads((Path(where) / EVAL_FILE).read_text())
+        if data.get("commit") == commit:
+            return [float(s) for s in data.get("eval_s", [])]
+    return []
+
+
+def calibrate_eval(where: Path, commit: str, eval_s: float) -> None:
+    """Record one evaluation of the baseline's model (its wall seconds)."""
+    path = Path(where) / EVAL_FILE
+    with _EVAL_LOCK:
+        times = read_eval_times(where, commit) + [round(eval_s, 3)]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic.atomic_write(path, json.dumps({"commit": commit, "eval_s": times}) + "\n")
+
+
+def eval_deadline(setting_s: float | None, where: Path, commit: str, at_base: bool) -> tuple[float, str]:
+    """(seconds, what they are) an evaluation may run: eval_kill_after when set; else, for a
+    candidate, max(EVAL_MIN_S, EVAL_FACTOR x the slowest baseline evaluation); for the baseline
+    (or before it was measured), EVAL_UNCALIBRATED_S. Never the training's kill_after: a slow
+    machine's honest evaluation is not a slow training job."""
+    if setting_s is not None:
+        return setting_s, "eval_kill_after; raise it with --eval-kill-after"
+    times = [] if at_base else read_eval_times(where, commit)
+    if not times:
+        return EVAL_UNCALIBRATED_S, "the baseline's evaluation is not measured yet; set it with --eval-kill-after"
+    return (max(EVAL_MIN_S, EVAL_FACTOR * max(times)),
+            f"{EVAL_FACTOR:g}x the baseline's {max(times):.1f}s evaluation; set it with --eval-kill-after")
