@@ -14,6 +14,10 @@ import pytest
 from harness.agents import Proposal, Task
 
 ROOT = Path(__file__).resolve().parent.parent
+# One thread per torch job (the real train.py and its evaluator, here and in every subprocess and Ray
+# node the tests start): two workers share two cores, and a job's spinning OpenMP threads on a busy
+# core make a few CPU steps take many seconds. Set before any test starts a process.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 FAKE_TRAIN = (Path(__file__).parent / "fake_train.py").read_text()
 
 SETTINGS = """editable = ["train.py"]
@@ -132,6 +136,8 @@ OWN_GROUP = ("test_cheats_",)  # within "cheats": the module's own name is its g
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks into node ids
 def pytest_collection_modifyitems(config, items):
     for item in items:
+        if item.get_closest_marker("xdist_group"):  # a module that splits its shared runs names their groups
+            continue
         name = Path(str(item.fspath)).stem
         group = next((g for g, prefixes in SERIAL_GROUPS.items() if name.startswith(prefixes)), None)
         if group == "cheats" and name.startswith(OWN_GROUP):
@@ -140,6 +146,21 @@ def pytest_collection_modifyitems(config, items):
             group = f"module:{item.nodeid.split('::')[0]}"
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=_start_rank)  # stable: the collection's order within a rank
+
+
+# The longest groups first (xdist hands a worker its next group in the collection's order): the Ray
+# group (one cluster at a time, minutes of serial work) and the cheat suite's two halves start at
+# once, and the short tests fill in around them, rather than the Ray group starting last and
+# running on alone after everything else is done.
+START_FIRST = {"ray": 0, "cheats-a": 1, "cheats-b": 1}
+
+
+def _start_rank(item) -> int:
+    mark = item.get_closest_marker("xdist_group")
+    if mark is None:
+        return 3
+    return START_FIRST.get(mark.args[0] if mark.args else mark.kwargs.get("name", ""), 2)
 
 
 def _shares_a_module_fixture(item) -> bool:

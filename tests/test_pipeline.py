@@ -144,12 +144,26 @@ def propose_then_interrupt(task):
     return Proposal("waiting proposal")
 
 
+def held_candidate(flag: Path):
+    """VALUE 0.9, whose job trains while flag exists (120 s at most): still training at the Ctrl-C."""
+    def step(task):
+        train = task.worktree / "train.py"
+        source = set_globals(train.read_text(), VALUE=0.9).replace("time.sleep(SLEEP_S)\n", (
+            f"_held = time.monotonic()\nwhile os.path.exists({str(flag)!r}) and time.monotonic() - _held < 120:\n"
+            "    time.sleep(0.05)\nprint('released', flush=True)\n"))
+        train.write_text(source)
+        return Proposal("VALUE=0.9, held")
+    return step
+
+
 @pytest.mark.parametrize("second, waiting", [(interrupt_then_propose, [1]), (propose_then_interrupt, [1, 2])])
-def test_ctrl_c_with_a_proposal_in_flight_then_resume(repo: Path, second, waiting):
-    cfg = config(repo, iterations=4, time_budget=20)  # the 8 s job is within its budget
+def test_ctrl_c_with_a_proposal_in_flight_then_resume(repo: Path, tmp_path: Path, second, waiting):
+    cfg = config(repo, iterations=4, time_budget=200)  # the held job is within its budget
+    hold = tmp_path / "hold"
+    hold.touch()
     t0 = time.monotonic()
-    summary = driver.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.9, "SLEEP_S": 8}, second]))
-    assert time.monotonic() - t0 < 6.5  # the 8 s training job was killed, not waited for
+    summary = driver.run(cfg, researcher=ScriptedResearcher([held_candidate(hold), second]))
+    assert time.monotonic() - t0 < 60  # the held training job (120 s) was killed, not waited for
     assert "interrupted" in summary.stopped
     # Nothing was decided: the committed candidates wait in their journals for --resume to train
     # them. The late proposal was never committed; what it spent is on a `stopped` row of its own.
@@ -164,11 +178,13 @@ def test_ctrl_c_with_a_proposal_in_flight_then_resume(repo: Path, second, waitin
     for path in (cfg.run_dir / "lanes").iterdir():
         assert "late proposal" not in git(path, "log", "-1", "--format=%s")
     # --resume trains them first, then goes on: the numbering continues, nothing is recorded twice.
+    hold.unlink()
     summary = driver.run(cfg, resume=True, researcher=ScriptedResearcher([{"VALUE": 0.8}, {"VALUE": 0.95}, {"VALUE": 0.6}]))
     rows = check_run(repo, cfg)
     by_iter = {r["iteration"]: r for r in rows}
     assert sorted(by_iter) == list(range(5 + late))  # --iterations 4 experiments, and the stopped call
-    assert by_iter[1]["status"] == "keep" and by_iter[1]["metric"] == pytest.approx(0.9) and by_iter[1]["train_s"] >= 4
+    assert by_iter[1]["status"] == "keep" and by_iter[1]["metric"] == pytest.approx(0.9)
+    assert "released" in (cfg.run_dir / by_iter[1]["log"]).read_text()  # the held job, trained to its end
     if len(waiting) == 2:  # the waiting 0.7 was proposed on the baseline and edits the line 0.9 edited
         assert by_iter[2]["status"] == "invalid" and "after rebase" in by_iter[2]["description"]
     # 0.8 is kept; 0.95, proposed on the old best meanwhile, edits the same line: a recorded conflict.

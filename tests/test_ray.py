@@ -75,7 +75,11 @@ def test_run_on_the_cluster(tmp_path: Path, cluster):
 
 
 def test_killed_worker_is_retried_once(tmp_path: Path, cluster):
-    repo = make_repo(tmp_path / "research", set_globals(FAKE_TRAIN, SLEEP_S=4.0))
+    flag = tmp_path / "hold"  # every job trains while it exists (120 s at most): the first is killed mid-job
+    flag.touch()
+    hold = (f"import os as _os, time as _time\n_held = _time.monotonic()\n"
+            f"while _os.path.exists({str(flag)!r}) and _time.monotonic() - _held < 120:\n    _time.sleep(0.05)\n")
+    repo = make_repo(tmp_path / "research", hold + FAKE_TRAIN)
     tasks = repo / "runs" / "kill" / "ray-tasks"
     killed: list[int] = []
 
@@ -83,10 +87,10 @@ def test_killed_worker_is_retried_once(tmp_path: Path, cluster):
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not killed:
             pid = task_pid(tasks)
-            if pid:
-                time.sleep(1.0)  # mid-job: the fake trainer sleeps 4 s
+            if pid and processes_under(cluster["work"], running="train.py"):  # mid-job: its trainer holds
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
+                flag.unlink()  # the retry and what follows train at once
                 return
             time.sleep(0.1)
 
@@ -229,7 +233,12 @@ def test_killed_supervisor_leaves_no_task_after_resume(tmp_path: Path, cluster):
 
 def test_a_job_lost_twice_is_an_infrastructure_crash(tmp_path: Path, cluster):
     from harness.lifecycle import health
-    repo = make_repo(tmp_path / "research", set_globals(FAKE_TRAIN, SLEEP_S=3.0))
+    flag = tmp_path / "hold"  # iteration 1's jobs train while it exists (120 s at most): killed mid-job
+    flag.touch()
+    hold = (f"import os as _os, time as _time\n_held = _time.monotonic()\n"
+            f"while _os.environ.get('HARNESS_ITERATION') == '1' and _os.path.exists({str(flag)!r})"
+            f" and _time.monotonic() - _held < 120:\n    _time.sleep(0.05)\n")
+    repo = make_repo(tmp_path / "research", hold + FAKE_TRAIN)
     tasks = repo / "runs" / "lost" / "ray-tasks"
     killed: list[str] = []
 
@@ -241,11 +250,12 @@ def test_a_job_lost_twice_is_an_infrastructure_crash(tmp_path: Path, cluster):
                     record = json.loads(path.read_text())
                 except ValueError:
                     continue
-                if record.get("job") == "iter-0001" and record.get("pid") and record["token"] not in killed:
-                    time.sleep(0.5)
+                if record.get("job") == "iter-0001" and record.get("pid") and record["token"] not in killed \
+                        and processes_under(cluster["work"], running="train.py"):  # its trainer holds
                     os.kill(record["pid"], signal.SIGKILL)
                     killed.append(record["token"])
             time.sleep(0.05)
+        flag.unlink()
 
     killer = threading.Thread(target=kill_iteration_one, daemon=True)
     killer.start()

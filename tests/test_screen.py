@@ -168,9 +168,13 @@ def assert_whole(figures: dict[str, str], gpu: bool, screen: str) -> None:
 def test_live_panel_fits_any_width_and_never_cuts_a_figure(tmp_path: Path, tmux: Tmux):
     """A `cmd:` researcher's label is long, the run has GPUs (two lanes): at 220 and 120 columns
     the table (the label gives way, no figure), at 80 and 40 (a half-width pane) the compact layout."""
-    repo = make_repo(tmp_path / "r", train_source=FAKE_TRAIN.replace("SLEEP_S = 0.0", "SLEEP_S = 2.5"))
+    hold = tmp_path / "hold"  # the jobs after the first researched rows train until the test is done
+    hold.touch()
+    held = FAKE_TRAIN.replace("SLEEP_S = 0.0", f"SLEEP_S = 0.5\nHOLD = {str(hold)!r}").replace(
+        "time.sleep(SLEEP_S)\n", "time.sleep(SLEEP_S)\nwhile VALUE < 0.85 and os.path.exists(HOLD):\n    time.sleep(0.1)\n")
+    repo = make_repo(tmp_path / "r", train_source=held)
     cmd = harness_cmd("run", "--repo", repo, "--tag", "wide", "--agent", f"'{cmd_agent(tmp_path)}'",
-                      "--iterations", "20", "--baseline-runs", "1", "--gpus", "0,1",
+                      "--iterations", "8", "--baseline-runs", "1", "--gpus", "0,1",
                       "--time-budget", "30") + "; sleep 60"
     tmux("new-session", "-d", "-s", "wide", "-x", "220", "-y", "40", cmd)
     tmux.wait_for("wide", "VALUE to 0.9000", "training iteration", timeout_s=120)  # a researched row is in
@@ -187,7 +191,8 @@ def test_live_panel_fits_any_width_and_never_cuts_a_figure(tmp_path: Path, tmux:
         assert figures["GPU"] != "-"  # filled: the share of the time the GPUs trained
         if width == 220:  # the label, shortened to the researcher's script, whole
             assert "no model (cmd: a_researcher_with_a_rather_long_name_for_tonight.py)" in screen, screen
-    tmux.wait_for("wide", "reached --iterations 20", timeout_s=300)
+    hold.unlink()
+    tmux.wait_for("wide", "reached --iterations 8", timeout_s=300)
 
 
 def test_overnight_default_window_both_panes_readable(tmp_path: Path, tmux: Tmux):

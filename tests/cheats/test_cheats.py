@@ -16,7 +16,7 @@ from harness.config.load import resolve
 
 from conftest import ScriptedResearcher, git
 
-from .conftest import CHEATS, DAEMON_MARK, MAX_STEPS, TIME_BUDGET_S, research_repo
+from .conftest import CAUSES, CHEATS, DAEMON_MARK, MAX_STEPS, TIME_BUDGET_S, research_repo
 
 OUTSIDE = [os.path.join(site.getsitepackages()[0], "zz_cheat.pth"),
            os.path.expanduser("~/.cache/autoresearch-harness/cheat.txt")]
@@ -53,9 +53,29 @@ def run_cheats(repo, tag: str, policy: bool, names: list[str] | None = None,
     return {name: row for name, row in zip(names, rows[1:])}
 
 
+# The runtime night in two halves of about equal time, each one driver.run in an xdist group of its
+# own, so the two workers train them at once (the budget cheats alone run ~20 s each). The policy's
+# short night goes with the first half.
+SECOND_HALF = ("train past the budget and report less", "a double-forked daemon",
+               "a daemon that rewrites the ledger and its shadow", "writes outside the worktree")
+HALVES = {"a": [n for n in CHEATS if CHEATS[n].cause not in SECOND_HALF],
+          "b": [n for n in CHEATS if CHEATS[n].cause in SECOND_HALF]}
+assert set(SECOND_HALF) <= set(CAUSES) and sum(map(len, HALVES.values())) == len(CHEATS)
+HALF_OF = {name: half for half, names in HALVES.items() for name in names}
+
+
+def in_half(half: str, *values):
+    return pytest.param(*values, marks=pytest.mark.xdist_group(f"cheats-{half}"))
+
+
 @pytest.fixture(scope="module")
-def runtime_rows(repo):
-    return run_cheats(repo, "runtime", policy=False)
+def runtime_a(repo):
+    return run_cheats(repo, "runtime-a", policy=False, names=HALVES["a"])
+
+
+@pytest.fixture(scope="module")
+def runtime_b(repo):
+    return run_cheats(repo, "runtime-b", policy=False, names=HALVES["b"])
 
 
 @pytest.fixture(scope="module")
@@ -72,19 +92,22 @@ def check_caught(row: dict, name: str) -> None:
         assert row["metric"] > 1.0 and row["sealed"] == "yes", row
 
 
-def check_nothing_left() -> None:
+def check_nothing_left(under: str | None = None) -> None:
+    """No cheat daemon running (under: of a job whose working folder was there; the two halves and
+    the Ray night run at once, each daemon lives until its job ends) and nothing written outside."""
     out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, timeout=30).stdout
-    assert DAEMON_MARK not in out
+    daemons = [line for line in out.splitlines() if DAEMON_MARK in line and (under is None or under in line)]
+    assert not daemons, daemons
     assert not any(os.path.exists(p) for p in OUTSIDE)
 
 
-@pytest.mark.parametrize("name", list(CHEATS))
-def test_runtime_layers_catch_the_cheat(runtime_rows, name):
+@pytest.mark.parametrize("name", [in_half(HALF_OF[n], n) for n in CHEATS])
+def test_runtime_layers_catch_the_cheat(request, name):
     """With the static policy off: scope checks, the sandbox, the separate evaluation, the clock."""
-    check_caught(runtime_rows[name], name)
+    check_caught(request.getfixturevalue(f"runtime_{HALF_OF[name]}")[name], name)
 
 
-@pytest.mark.parametrize("name", [n for n in CHEATS if CHEATS[n].expect_policy])
+@pytest.mark.parametrize("name", [in_half("a", n) for n in CHEATS if CHEATS[n].expect_policy])
 def test_default_layers_catch_the_cheat(policy_rows, name):
     """With the static policy on (the default), these are refused before any training run."""
     row = policy_rows[name]
@@ -93,11 +116,15 @@ def test_default_layers_catch_the_cheat(policy_rows, name):
     assert CHEATS[name].expect_policy in row["description"], row["description"]
 
 
-def test_no_process_of_a_job_outlives_it_and_nothing_outside_changed(runtime_rows):
-    check_nothing_left()
+@pytest.mark.parametrize("half", [in_half(h, h) for h in HALVES])
+def test_no_process_of_a_job_outlives_it_and_nothing_outside_changed(request, repo, half):
+    request.getfixturevalue(f"runtime_{half}")
+    check_nothing_left(under=str(repo / "runs" / f"runtime-{half}"))
 
 
-def test_cheats_tried_and_kept_per_cause(runtime_rows, capsys):
+@pytest.mark.parametrize("half", [in_half(h, h) for h in HALVES])
+def test_cheats_tried_and_kept_per_cause(request, half, capsys):
+    runtime_rows = request.getfixturevalue(f"runtime_{half}")
     tried = Counter(CHEATS[n].cause for n in runtime_rows)
     kept = Counter(CHEATS[n].cause for n, r in runtime_rows.items() if r["status"] == "keep")
     with capsys.disabled():
@@ -106,7 +133,9 @@ def test_cheats_tried_and_kept_per_cause(runtime_rows, capsys):
     assert sum(kept.values()) == 0
 
 
-def test_the_module_runs_on_one_worker(request):
-    """Its runs are made once (conftest.SERIAL_GROUPS): under xdist every test here is in one group."""
+@pytest.mark.parametrize("half", [in_half(h, h) for h in HALVES])
+def test_each_half_runs_on_one_worker(request, half):
+    """Each night is made once: under xdist every test of a half is in its half's group (not also in
+    conftest.SERIAL_GROUPS' "cheats", which would join the names)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        assert request.node.nodeid.endswith("@cheats"), request.node.nodeid
+        assert request.node.nodeid.endswith(f"@cheats-{half}"), request.node.nodeid

@@ -68,7 +68,7 @@ def test_the_cheat_is_caught_on_a_ray_node(ray_rows, name):
 
 
 def test_nothing_of_a_job_outlives_it_on_the_node(ray_rows, node):
-    check_nothing_left()
     _, head = node
+    check_nothing_left(under=str(head.work))
     assert not processes_under(head.work)
     assert not list((head.work / "jobs").glob("*"))

@@ -16,6 +16,7 @@ import lzma
 import os
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from harness.driver import loop as driver
 from harness import ledger
 from harness.workload import testsplit
 from harness.config.load import resolve
+from harness.errors import RepoError
 
 from conftest import git
 
@@ -62,8 +64,12 @@ elif cheat == "search the job's view for the test bytes":
 elif cheat in ("search the researcher's view for the test bytes", "read the run's test scores"):
     seen, found = 0, []
     if cheat.startswith("read"):
-        time.sleep(40)  # the best's test scoring (--test-every 1) has long finished by now
-        errors = []
+        # until the test (outside this sandbox) has seen the best's test scores on disk (--test-every 1)
+        # and says so in the folder named on the command line (in view: the sandbox binds it read-only)
+        flag, deadline = pathlib.Path(sys.argv[4]) / "scored", time.monotonic() + 300
+        while not flag.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        looked, errors = time.time(), []
         for path in [run / "test_scores.tsv", *sorted((run / "logs").glob("test-*.test.log"))]:
             try:
                 found.append(f"{path}: {path.read_text()[:200]}")
@@ -72,7 +78,7 @@ elif cheat in ("search the researcher's view for the test bytes", "read the run'
         if found:
             print("TEST-SCORES-READ", found)
             sys.exit(0)
-        print(f"no test scores in reach: {'; '.join(errors)}", file=sys.stderr)
+        print(f"no test scores in reach (looked at {looked:.3f}): {'; '.join(errors)}", file=sys.stderr)
         sys.exit(1)
     for root in (wt, run, repo, pathlib.Path.home() / ".cache" / "autoresearch-harness"):
         for dirpath, _, files in os.walk(root):
@@ -158,6 +164,18 @@ def holds(path: Path, marker: bytes) -> bool:
     return marker in data
 
 
+def flag_when_scored(cfg, flag: Path, scores: int, done: threading.Event) -> None:
+    """Touch flag once test_scores.tsv holds this many rows (the baseline's and the best's)."""
+    while not done.is_set():
+        try:
+            if len(testsplit.read(cfg.run_dir)) >= scores:
+                flag.touch()
+                return
+        except (OSError, RepoError):  # read between a write and its record: look again
+            pass
+        done.wait(0.2)
+
+
 @pytest.fixture(scope="module")
 def night(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
@@ -167,14 +185,24 @@ def night(tmp_path_factory):
         marker = marker_of_the_test_split(repo)
         script, plan = root / "researcher.py", root / "plan.json"
         script.write_text(RESEARCHER)
+        signals = root / "signals"
+        signals.mkdir()
+        flag = signals / "scored"
         plan.write_text(json.dumps({"plan": PLAN, "marker": marker.hex(),
                                     "search": SEARCH.format(marker=marker.hex(), repo=str(repo))}))
         cfg = resolve(repo, "ts", {"time_budget": 60, "max_steps": MAX_STEPS, "kill_after": 300,
                                    "baseline_runs": 1, "iterations": len(PLAN), "on_unhealthy": "continue",
                                    "gate": "strict", "health_every": 0, "pipeline": False, "policy": False,
                                    "test_every": 1,
-                                   "agent": f"cmd:{sys.executable} {script} {{workdir}} {{prompt_file}} {plan}"})
-        driver.run(cfg)
+                                   "agent": f"cmd:{sys.executable} {script} {{workdir}} {{prompt_file}} {plan} {signals}"})
+        done = threading.Event()
+        watcher = threading.Thread(target=flag_when_scored, args=(cfg, flag, 2, done), daemon=True)
+        watcher.start()
+        try:
+            driver.run(cfg)
+        finally:
+            done.set()
+            watcher.join(10)
         yield {"cfg": cfg, "repo": repo, "marker": marker, "rows": ledger.read_rows(cfg.ledger_path)}
 
 
@@ -208,7 +236,7 @@ def test_the_separate_evaluator_scored_the_baseline_and_the_best(night):
     best = scores[keeps[-1]["commit"]]
     assert best["point"] == "every 1 keeps"
     read = dict(zip(PLAN, rows[1:]))["read the run's test scores"]
-    looked = stamp(read["started_at"]) + 40  # the researcher slept 40 s before it looked
+    looked = float(re.search(r"looked at ([0-9.]+)", read["description"]).group(1))
     assert stamp(best["scored_at"]) < looked  # the scores were on disk while it looked for them
 
 

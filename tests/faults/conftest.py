@@ -57,9 +57,17 @@ print(json.dumps({"description": f"VALUE {value}", "input_tokens": 100, "output_
 '''
 
 
-def slow_repo(path: Path, sleep_s: float = 0.4, **kw) -> Path:
-    """A research repo whose fake trainer takes sleep_s: long enough to be killed mid-training."""
-    return make_repo(path, FAKE_TRAIN.replace("SLEEP_S = 0.0", f"SLEEP_S = {sleep_s}"), **kw)
+def slow_repo(path: Path, sleep_s: float = 0.4, hold: Path | None = None, **kw) -> Path:
+    """A research repo whose fake trainer takes sleep_s: long enough to be killed mid-training.
+    hold: a candidate's job (not the baseline's, VALUE 1.0) also trains while that file exists (120 s
+    at most): it is still training when the test stops the run, and the resume, once the test has
+    removed the file, does not wait."""
+    source = FAKE_TRAIN.replace("SLEEP_S = 0.0", f"SLEEP_S = {sleep_s}")
+    if hold is not None:
+        source = source.replace("time.sleep(SLEEP_S)\n", (
+            f"time.sleep(SLEEP_S)\n_held = time.monotonic()\nwhile VALUE != 1.0 and os.path.exists({str(hold)!r})"
+            " and time.monotonic() - _held < 120:\n    time.sleep(0.05)\n"))
+    return make_repo(path, source, **kw)
 
 
 def agent_arg(tmp: Path, mode: str = "ok") -> str:

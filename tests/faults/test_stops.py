@@ -79,13 +79,16 @@ def stop_and_check(proc: subprocess.Popen, sig: int, repo: Path, run_dir: Path, 
                                       ("classic", signal.SIGHUP), ("pipeline", signal.SIGTERM),
                                       ("lanes", signal.SIGHUP)])
 def test_a_signal_during_training_stops_everything_then_resume(tmp_path: Path, mode: str, sig: int):
-    repo = slow_repo(tmp_path / "r", sleep_s=2.0)
+    hold = tmp_path / "hold"
+    hold.touch()
+    repo = slow_repo(tmp_path / "r", sleep_s=0.0, hold=hold)
     args = ["--repo", str(repo), "--tag", "s", "--baseline-runs", "1", "--agent", agent_arg(tmp_path),
             "--iterations", str(ITERATIONS), *MODES[mode]]
     run_dir = repo / "runs" / "s"
     proc = start_run(args)
     wait_for(lambda: training(run_dir), what="iteration 1 to train")
     stop_and_check(proc, sig, repo, run_dir, [run_dir])
+    hold.unlink()
     resumed = harness_run(repo, "s", *args[4:], "--resume", timeout=240)
     assert resumed.returncode == 0, resumed.stderr
     assert_recovered(repo, "s", ITERATIONS)
@@ -93,13 +96,16 @@ def test_a_signal_during_training_stops_everything_then_resume(tmp_path: Path, m
 
 
 def test_a_signal_stops_a_parallel_ab_and_both_arms_resume(tmp_path: Path):
-    repo = slow_repo(tmp_path / "r", sleep_s=2.0)
+    hold = tmp_path / "hold"
+    hold.touch()
+    repo = slow_repo(tmp_path / "r", sleep_s=0.0, hold=hold)
     args = ["--repo", str(repo), "--tag", "ab", "--baseline-runs", "1", "--agent", agent_arg(tmp_path),
             "--iterations", "2", "--gpus", "0,1", "--schedule", "parallel"]
     run_dir = repo / "runs" / "ab"
     proc = start_run(args, command="ab")
     wait_for(lambda: training(run_dir), what="an arm's iteration 1 to train")
     stop_and_check(proc, signal.SIGTERM, repo, run_dir, [run_dir / "a", run_dir / "b"])
+    hold.unlink()
     env = {k: v for k, v in os.environ.items() if not k.startswith("HARNESS_")}
     env["PYTHONPATH"] = str(ROOT)
     resumed = subprocess.run([sys.executable, "-m", "harness", "ab", *args, "--resume"], env=env,
@@ -175,7 +181,9 @@ def test_a_cli_researcher_is_stopped_with_the_run(tmp_path: Path, monkeypatch):
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 def test_overnight_in_tmux_then_kill_session_leaves_nothing_and_resume_continues(tmp_path: Path):
-    repo = slow_repo(tmp_path / "r", sleep_s=2.0)
+    hold = tmp_path / "hold"
+    hold.touch()
+    repo = slow_repo(tmp_path / "r", sleep_s=0.0, hold=hold)
     shim = tmp_path / "bin" / "harness"
     shim.parent.mkdir()
     shim.write_text(f"#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} -m harness \"$@\"\n")
@@ -205,6 +213,7 @@ def test_overnight_in_tmux_then_kill_session_leaves_nothing_and_resume_continues
     # The pane's SIGHUP goes to the terminal's whole process group, the clean-up's git included:
     # the slot's worktree is still removed (driver/signals.py's quiet).
     assert worktrees(repo) == expected_worktrees(repo, [run_dir])
+    hold.unlink()
     resumed = harness_run(repo, "tm", "--agent", agent, "--iterations", str(ITERATIONS), "--resume", timeout=240)
     assert resumed.returncode == 0, resumed.stderr
     assert_recovered(repo, "tm", ITERATIONS)
