@@ -174,7 +174,7 @@ class LocalExecutor(ThreadedExecutor):
             return
         job, trained, ready = future.job, None, None
         try:
-            ready = self._ready(slot)
+            ready = self._ready(slot, job)
             wt = self._materialise(slot, job.commit)
             job.log_path.parent.mkdir(parents=True, exist_ok=True)
             trained = train_half(job.cfg, wt.path, job.log_path, job.seed, slot.gpu, job.cancel, job.iteration,
@@ -218,16 +218,20 @@ class LocalExecutor(ThreadedExecutor):
             if job.cancel.is_set() or self.closed:
                 raise KeyboardInterrupt("training cancelled")
 
-    def _ready(self, slot: Slot) -> warm.Warm | None:
+    def _ready(self, slot: Slot, job: Job) -> warm.Warm | None:
         """The interpreter waiting for slot's next job, the slot's worktrees swapped for it; None
-        when there is none. One still being readied is waited for (WARM_WAIT_S at most)."""
+        when there is none, or the job's run starts its jobs cold (it is stopped then). One still
+        being readied is waited for (WARM_WAIT_S at most)."""
         if slot.warming is not None:
             concurrent.futures.wait([slot.warming], WARM_WAIT_S)
         with self.git_lock, self.cond:
             ready, slot.ready = slot.ready, None
-            if ready is not None:
+            if ready is not None and warm.eligible(job.cfg):
                 slot.swap()
-        return ready
+                return ready
+        if ready is not None:
+            ready.discard()
+        return None
 
     def _warm_next(self, slot: Slot, job: Job) -> None:
         """The slot's job runs: ready the next one's interpreter in the spare worktree, beside it."""

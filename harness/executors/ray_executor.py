@@ -31,30 +31,27 @@ the head watched by another with plain TCP connects (a Ray call blocks while the
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from ..ledger import atomic, events, trust
+from ..ledger import events, trust
 from ..lifecycle import faults
 from ..gitgate import open_repo
 from ..errors import ClusterError, ClusterGone
 from ..workload.runner import TrainResult
 from . import ray_worker
 from .ray_cluster import archive, connect, fits, grace_s, import_ray, ray_options
+from .ray_watch import REAP_TIMEOUT_S, ClusterWatch, TaskRecords
 from .base import Job, JobFuture, ThreadedExecutor, begin, join_bounded, settle
 
 POLL_S = 0.2  # s between checks of a job's cancel flag while its task runs
 GRACEFUL_CANCEL_S = 15.0  # s a cancelled task has to kill its job itself before Ray kills the worker
 DRAIN_S = 10.0  # s to wait for a task's end after its result (it removes its folder)
-REAP_TIMEOUT_S = 60.0  # s for the clean-up task on a node
 NODES_TTL_S = 2.0  # s a reading of the cluster's nodes serves for the slot count
 ATTEMPTS = 2  # an infrastructure failure is retried once
-WATCH_S = 1.0  # s between checks that the cluster's head answers
-PROBE_TIMEOUT_S = 2.0  # s a TCP connect to the head may take
 CLOSE_S = GRACEFUL_CANCEL_S + REAP_TIMEOUT_S + 15.0  # s close() waits for the job threads (a cancel, a reap)
 GONE_CLOSE_S = 5.0  # the same once the cluster has gone (its calls would block)
 SHUTDOWN_S = 20.0  # s for ray.shutdown()
@@ -72,7 +69,7 @@ class Infrastructure(Exception):
         self.reason, self.node_id = reason, node_id
 
 
-class RayExecutor(ThreadedExecutor):
+class RayExecutor(ClusterWatch, TaskRecords, ThreadedExecutor):
     def __init__(self, repo: Path, folder: Path, address: str | None = None,
                  resources: dict[str, float] | None = None, slots: int | None = None):
         self.ray = import_ray()
@@ -122,62 +119,6 @@ class RayExecutor(ThreadedExecutor):
                 self.count, self.read_at = self._capacity(), time.monotonic()
             except Exception:  # noqa: BLE001 - the last reading stands; the watch thread judges the head
                 pass
-
-    # -- the cluster going away --------------------------------------------------------------
-
-    def _gcs_address(self) -> tuple[str, int] | None:
-        try:
-            host, _, port = self.ray.get_runtime_context().gcs_address.rpartition(":")
-            return host, int(port)
-        except Exception:  # noqa: BLE001 - not known: the head is not watched
-            return None
-
-    def answers(self) -> bool:
-        """Does the cluster's head (its GCS) accept a connection now? A plain TCP connect, never a Ray call."""
-        if self.gcs is None:
-            return True
-        try:
-            socket.create_connection(self.gcs, timeout=PROBE_TIMEOUT_S).close()
-            return True
-        except OSError:
-            return False
-
-    def _watch(self) -> None:
-        """The head watched: unanswered for the grace, the cluster has gone (every job's future told)."""
-        since: float | None = None
-        while not self.closed:
-            if self.answers():
-                since = None
-            else:
-                since = since or time.monotonic()
-                if time.monotonic() - since >= self.grace_s:
-                    self._lost()
-                    return
-            time.sleep(WATCH_S)
-
-    def _lost(self) -> None:
-        host = f"{self.gcs[0]}:{self.gcs[1]}" if self.gcs else self.address
-        self.gone = (f"the Ray cluster went away: its head at {host} has not answered for {self.grace_s:g} s. "
-                     f"The run stopped; the candidate(s) in flight are kept. Start the cluster again (or another) "
-                     f"and continue with `harness run --resume` (--ray-address if its address changed)")
-        events.record(self.folder, "cluster_gone", self.gone)
-        with self.cond:
-            futures = list(self.futures)
-            self.cond.notify_all()
-        for f in futures:
-            settle(f, exc=ClusterGone(self.gone))
-
-    def _check_gone(self) -> None:
-        if self.gone is not None:
-            raise ClusterGone(self.gone)
-
-    def _hold_while_unreachable(self) -> None:
-        """An attempt failed while the head does not answer: wait (the grace at most) for the watch
-        thread's verdict, so that a cluster going away is not recorded as the candidate's crash."""
-        deadline = time.monotonic() + self.grace_s + 2 * WATCH_S + PROBE_TIMEOUT_S
-        while self.gone is None and not self.answers() and time.monotonic() < deadline:
-            time.sleep(WATCH_S / 2)
-        self._check_gone()
 
     def _capacity(self) -> int:
         nodes = [n for n in self.ray.nodes() if n.get("Alive") and n["NodeID"] not in self.unusable]
@@ -428,47 +369,6 @@ class RayExecutor(ThreadedExecutor):
             pass
         self._reap(record)
 
-    # -- on disk: the tasks that run ----------------------------------------------------------
-
-    def _write_record(self, record: dict[str, Any]) -> None:
-        self.tasks_dir.mkdir(parents=True, exist_ok=True)
-        path = self.tasks_dir / f"{record['token']}.json"
-        atomic.atomic_write(path, json.dumps(record))
-
-    def _reap(self, record: dict[str, Any]) -> None:
-        """What a killed task left on its node (the job's process group): stopped there, if the node lives."""
-        node_id = record.get("node_id")
-        nodes = [n["NodeID"] for n in self.ray.nodes() if n.get("Alive")]
-        targets = [node_id] if node_id in nodes else ([] if node_id else nodes)
-        self._reap_on(targets, [record["token"]])
-
-    def _reap_on(self, node_ids: list[str], tokens: list[str]) -> None:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-        refs = [self.reaper.options(num_cpus=0, max_retries=0,
-                                    scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(tokens)
-                for n in node_ids]
-        try:
-            self.ray.get(refs, timeout=REAP_TIMEOUT_S)
-        except Exception:  # noqa: BLE001 - a node that died meanwhile took its processes with it
-            pass
-
-    def cancel_leftovers(self) -> list[dict[str, Any]]:
-        """Tasks an earlier supervisor of this folder left on disk: their jobs stopped on every node."""
-        records = []
-        for path in sorted(self.tasks_dir.glob("*.json")) if self.tasks_dir.exists() else []:
-            try:
-                records.append(json.loads(path.read_text()))
-            except (OSError, ValueError):
-                pass
-        if records:
-            nodes = [n["NodeID"] for n in self.ray.nodes() if n.get("Alive")]
-            self._reap_on(nodes, [r["token"] for r in records])
-            events.record(self.folder, "ray_tasks_cancelled",
-                          f"{len(records)} Ray task(s) of an earlier supervisor stopped: "
-                          + ", ".join(r.get("job", "?") for r in records))
-        for path in self.tasks_dir.glob("*") if self.tasks_dir.exists() else []:
-            path.unlink(missing_ok=True)
-        return records
 
 
 def _shippable(cfg: Any) -> Any:
