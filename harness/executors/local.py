@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import track
+from ..ledger import events
 from ..config import RunConfig
 from ..gitgate import GitGate, Worktree
 from ..workload.runner import TrainResult
@@ -243,7 +244,6 @@ class LocalExecutor(ThreadedExecutor):
             slot.warming = None
 
     def _warm_up(self, slot: Slot, job: Job) -> None:
-        from ..ledger import events
         try:
             with self.git_lock:  # at the job's commit, nothing of an earlier job left in it
                 if self.closed:

@@ -256,14 +256,14 @@ def start(cfg: RunConfig, worktree: Path, space, base: str, gpu: str | None, job
     """An interpreter for the next job of cfg's run in worktree (reset to a commit and cleaned), with
     its folders space (evaluation.Space); None when such a job cannot have one (not `python SCRIPT`,
     not sandboxed, a sealed legacy workload, warm_start off) or its start failed."""
-    if not eligible(cfg):
-        return None
     parts, choice = command(cfg), sandbox.resolve(cfg.sandbox)
+    if parts is None or not choice.on:
+        return None
     how = launch(cfg, worktree, space, base, choice, 0, space.root / "result.json", None, gpu,
                  {k: v for k, v in job_env.items() if k not in PER_JOB_ENV}, protected_sha256)
     if isinstance(how, TrainResult) or how.legacy_seal or how.wrap is None:
         return None
-    python, script = parts  # type: ignore[misc]
+    python, script = parts
     try:
         shown = _view(how, [python, *script])
         argv = how.wrap([python, "-c", LAUNCHER, ",".join(modules(worktree))])
