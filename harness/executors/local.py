@@ -103,6 +103,7 @@ class LocalExecutor(ThreadedExecutor):
         # One thread, alive as long as the executor, starts the waiting interpreters: bwrap's
         # --die-with-parent follows the thread that started it, which must outlive it.
         self.warmer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="warm")
+        self.stopping = threading.Event()  # set by close(): a warm-up's export or setup stops with the run
         shutil.rmtree(self.warm_root, ignore_errors=True)  # a killed supervisor's (its processes: recovery reaps them)
         self.all = list(self.free)
         self.gpus = {slot.gpu for slot in self.all if slot.gpu is not None}
@@ -255,7 +256,9 @@ class LocalExecutor(ThreadedExecutor):
                     slot.spare.reset_hard(job.commit)
             space = evaluation.make_space(self.warm_root / f"{slot.index}-{next(self.warm_ids)}.job")
             ready = warm.start(job.cfg, path, space, job.baseline or job.commit, slot.gpu,
-                               track.job_env(job.cfg, None, None), dict(job.protected_sha256))
+                               track.job_env(job.cfg, None, None), dict(job.protected_sha256), self.stopping)
+        except KeyboardInterrupt:  # the executor closed while the warm-up exported or set up
+            return
         except Exception as e:  # noqa: BLE001 - the next job starts cold; the run's events say why
             events.record(self.root.parent, "warm_start_failed", f"slot {slot.index}: {e}")
             return
@@ -285,6 +288,7 @@ class LocalExecutor(ThreadedExecutor):
             if self.closed:  # once (the driver's stop, then its exit)
                 return
             self.closed = True
+            self.stopping.set()
             for f in [*self.waiting, *self.running]:
                 f.job.cancel.set()
             self.cond.notify_all()

@@ -252,14 +252,15 @@ class Warm:
 
 
 def start(cfg: RunConfig, worktree: Path, space, base: str, gpu: str | None, job_env: dict[str, str],
-          protected_sha256: dict[str, str]) -> Warm | None:
+          protected_sha256: dict[str, str], cancel=None) -> Warm | None:
     """An interpreter for the next job of cfg's run in worktree (reset to a commit and cleaned), with
     its folders space (evaluation.Space); None when such a job cannot have one (not `python SCRIPT`,
-    not sandboxed, a sealed legacy workload, warm_start off) or its start failed."""
+    not sandboxed, a sealed legacy workload, warm_start off) or its start failed. cancel (the
+    executor's close) stops the training split's export or the setup it may have to wait for."""
     parts, choice = command(cfg), sandbox.resolve(cfg.sandbox)
     if parts is None or not choice.on:
         return None
-    how = launch(cfg, worktree, space, base, choice, 0, space.root / "result.json", None, gpu,
+    how = launch(cfg, worktree, space, base, choice, 0, space.root / "result.json", cancel, gpu,
                  {k: v for k, v in job_env.items() if k not in PER_JOB_ENV}, protected_sha256)
     if isinstance(how, TrainResult) or how.legacy_seal or how.wrap is None:
         return None
