@@ -1,7 +1,7 @@
 """What an evaluation beside a training job costs the training: its step time alone, and with
-`prepare.py --evaluate` scoring a saved model over and over beside it, at the harness's CPU
-priority for evaluators (nice 10, scoring.EVAL_NICE) and, for comparison, at the same priority
-as the training (nice 0). On a GPU both run on the same device, the evaluator within
+`prepare.py --evaluate` scoring a saved model over and over beside it, in the scheduling class
+the harness starts its evaluators in (the idle class, scoring.IDLE_CLASS) and, for comparison,
+at nice 10 (what the harness used before) and at the same priority as the training (nice 0). On a GPU both run on the same device, the evaluator within
 HARNESS_GPU_MEMORY_FRACTION of its memory, as the harness runs them (docs/pipeline.md).
 
 The bundled train.py and prepare.py in a temporary folder, each configuration `--repeats` times,
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from common import ROOT  # noqa: E402  (puts the repo root on sys.path)
 
-from harness.executors.scoring import EVAL_GPU_MEMORY_FRACTION, EVAL_NICE  # noqa: E402
+from harness.executors.scoring import EVAL_GPU_MEMORY_FRACTION, idle_prefix  # noqa: E402
 
 
 def figures(text: str) -> dict[str, float]:
@@ -39,7 +39,7 @@ def saved_model(work: Path, out: Path) -> None:
     subprocess.run([sys.executable, "train.py"], cwd=work, env=env, check=True, capture_output=True)
 
 
-def train(work: Path, budget_s: float, out: Path, beside_nice: int | None) -> tuple[float, int]:
+def train(work: Path, budget_s: float, out: Path, beside: list[str] | None) -> tuple[float, int]:
     """(seconds per step of a budget_s training, evaluations finished beside it)."""
     stop, done = threading.Event(), [0]
 
@@ -47,7 +47,7 @@ def train(work: Path, budget_s: float, out: Path, beside_nice: int | None) -> tu
         env = {**os.environ, "HARNESS_OUTPUT_DIR": str(out), "HARNESS_RESULT_FILE": str(out.parent / "r.json"),
                "HARNESS_GPU_MEMORY_FRACTION": f"{EVAL_GPU_MEMORY_FRACTION:g}"}
         while not stop.is_set():
-            argv = ["nice", "-n", str(beside_nice), sys.executable, "prepare.py", "--evaluate"]
+            argv = [*beside, sys.executable, "prepare.py", "--evaluate"]
             proc = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             while proc.poll() is None and not stop.wait(0.1):
                 pass
@@ -56,7 +56,7 @@ def train(work: Path, budget_s: float, out: Path, beside_nice: int | None) -> tu
                 proc.wait()
             elif proc.returncode == 0:
                 done[0] += 1
-    thread = threading.Thread(target=evaluate_loop, daemon=True) if beside_nice is not None else None
+    thread = threading.Thread(target=evaluate_loop, daemon=True) if beside is not None else None
     if thread:
         thread.start()
     env = {**os.environ, "HARNESS_TIME_BUDGET": f"{budget_s:g}"}
@@ -74,7 +74,11 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=15.0, help="s of training per measurement")
     parser.add_argument("--repeats", type=int, default=2, help="measurements per configuration")
     args = parser.parse_args()
-    configs = [("alone", None), (f"evaluator beside, nice {EVAL_NICE}", EVAL_NICE), ("evaluator beside, nice 0", 0)]
+    configs = [("alone", None), ("evaluator beside, as the harness starts it: "
+                                + " ".join([Path(idle_prefix()[0]).name, *idle_prefix()[1:]] if idle_prefix() else ["as is"]),
+                                idle_prefix()),
+               ("evaluator beside, nice 10", ["nice", "-n", "10"]),
+               ("evaluator beside, nice 0", [])]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp) / "work"
         work.mkdir()
@@ -87,15 +91,15 @@ def main() -> None:
         steps: dict[str, list[float]] = {name: [] for name, _ in configs}
         evals: dict[str, int] = {name: 0 for name, _ in configs}
         for _ in range(args.repeats):
-            for name, nice in configs:
-                step_s, n = train(work, args.budget, out, nice)
+            for name, beside in configs:
+                step_s, n = train(work, args.budget, out, beside)
                 steps[name].append(step_s)
                 evals[name] += n
         alone = statistics.fmean(steps["alone"])
         print(f"training step time, {args.budget:g}s budget, {args.repeats} runs each, {os.cpu_count()} CPUs")
         for name, _ in configs:
             mean = statistics.fmean(steps[name])
-            print(f"  {name:<28} {mean * 1e3:8.2f} ms/step   x{mean / alone:.2f} of alone   "
+            print(f"  {name:<30} {mean * 1e3:8.2f} ms/step   x{mean / alone:.2f} of alone   "
                   f"({evals[name]} evaluations finished beside it; runs: "
                   f"{', '.join(f'{s * 1e3:.2f}' for s in steps[name])} ms)")
 

@@ -9,7 +9,10 @@
 #    (benchmarks/probe_noise.py; on a CPU it measures the float32 and bf16 lower bound);
 # 3. with CEILING=1 (about 3 x 4 x (B + start-up) more: set TIME_BUDGET=30): experiments per hour from
 #    process start against 3600/B, sequential, --pipeline, and --pipeline with the warm start off
-#    (benchmarks/throughput.py --only ceiling-bundled), side by side.
+#    (benchmarks/throughput.py --only ceiling-bundled), side by side;
+# 4. with OVERLAP=1 (about 8 x 30 s more): a training job's step time alone and with an evaluation
+#    beside it on the same GPU, as the harness starts one (idle class, HARNESS_GPU_MEMORY_FRACTION)
+#    and at nice 10 and 0 (benchmarks/overlap_step_time.py).
 # Needs a CUDA build of torch (install it first; scripts/install.sh keeps a torch that is present).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,5 +35,8 @@ echo "the baseline took $(( $(date +%s) - start ))s from the command's start"
 "$PY" benchmarks/probe_noise.py --device cuda
 if [ "${CEILING:-0}" = 1 ]; then
   "$PY" benchmarks/throughput.py --only ceiling-bundled --bundled-budget "$BUDGET" --bundled-iterations "${CEILING_ITERATIONS:-4}"
+fi
+if [ "${OVERLAP:-0}" = 1 ]; then
+  "$PY" benchmarks/overlap_step_time.py --budget 30 --repeats 2
 fi
 echo "all under $OUT"

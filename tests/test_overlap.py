@@ -19,6 +19,7 @@ import pytest
 from harness import ledger
 from harness.driver import loop as driver
 from harness.config.load import resolve
+from harness.executors import sandbox
 
 from conftest import ScriptedResearcher, alive, git, make_repo
 
@@ -27,6 +28,7 @@ VALUE = 1.0  # the metric this candidate reports (lower is better)
 MARKS = pathlib.Path(os.environ["OVERLAP_MARKS"])
 (MARKS / f"train-pid-{VALUE}").write_text(str(os.getpid()))
 (MARKS / f"train-start-{VALUE}").touch()
+(MARKS / f"train-class-{VALUE}").write_text(str(os.sched_getscheduler(0)))
 pathlib.Path(os.environ["HARNESS_OUTPUT_DIR"], "value").write_text(repr(VALUE))
 print("---")
 print(f"val_bpb: {VALUE}")
@@ -41,6 +43,7 @@ NEXT = {2.0: 3.0}
 WAIT_S = 30.0  # s; without the overlap the next training never starts meanwhile
 value = float(pathlib.Path(os.environ["HARNESS_OUTPUT_DIR"], "value").read_text())
 (MARKS / f"eval-pid-{value}").write_text(str(os.getpid()))
+(MARKS / f"eval-class-{value}").write_text(str(os.sched_getscheduler(0)))
 if value in NEXT:
     until = time.monotonic() + WAIT_S
     started = MARKS / f"train-start-{NEXT[value]}"
@@ -90,6 +93,11 @@ def test_the_next_candidate_trains_while_the_previous_one_is_evaluated(overlap_r
                researcher=ScriptedResearcher([{"VALUE": 2.0}, {"VALUE": 3.0}]))
     # iteration 2's training started while iteration 1's evaluation was running
     assert (marks / "eval-2.0-saw-next").read_text() == "yes"
+    # every evaluation in the idle scheduling class, every training in the normal one: the
+    # evaluation beside a training job takes only what it leaves (scoring.idle_prefix)
+    for value in (1.0, 2.0, 3.0):
+        assert int((marks / f"eval-class-{value}").read_text()) == os.SCHED_IDLE
+        assert int((marks / f"train-class-{value}").read_text()) == os.SCHED_OTHER
     # and each row is its own evaluation's figure, in iteration order
     assert rows_of(cfg) == [(0, "keep", 1.0), (1, "discard", 2.0), (2, "discard", 3.0)]
     assert order == [1, 2]
@@ -176,3 +184,37 @@ def test_the_training_data_is_exported_once_per_baseline(tmp_path, monkeypatch, 
     exports = [p for p in (cfg.run_dir / "train-data").iterdir() if (p / ".done").exists()]
     assert len(exports) == 1
     assert json.loads((exports[0] / ".done").read_text())["baseline"].startswith(rows[0]["commit"])
+
+
+# A protected evaluator that fails unless it runs in the idle scheduling class and cannot leave it
+IDLE_SCORE = '''import json, os, pathlib, sys
+if os.sched_getscheduler(0) != os.SCHED_IDLE:
+    sys.exit(f"the evaluation ran in scheduling class {os.sched_getscheduler(0)}, not the idle one")
+for policy in (os.SCHED_OTHER, os.SCHED_BATCH):
+    try:
+        os.sched_setscheduler(0, policy, os.sched_param(0))
+    except PermissionError:
+        continue
+    sys.exit(f"the evaluation left the idle class for {policy}")
+value = float(pathlib.Path(os.environ["HARNESS_OUTPUT_DIR"], "value").read_text())
+json.dump({"val_bpb": value}, open(os.environ["HARNESS_RESULT_FILE"], "w"))
+'''
+PLAIN_TRAIN = '''import os, pathlib
+VALUE = 1.0
+pathlib.Path(os.environ["HARNESS_OUTPUT_DIR"], "value").write_text(repr(VALUE))
+print("---")
+print(f"val_bpb: {VALUE}")
+'''
+
+
+@pytest.mark.skipif(not sandbox.probe(sandbox.bwrap_path()).works, reason="bubblewrap cannot run here")
+def test_a_sandboxed_evaluation_runs_in_the_idle_class_and_cannot_leave_it(tmp_path):
+    repo = make_repo(tmp_path / "research", PLAIN_TRAIN, sandbox="bwrap",
+                     extra=f'evaluate_command = "{sys.executable} prepare.py"\n')
+    (repo / "prepare.py").write_text(IDLE_SCORE)
+    git(repo, "commit", "-qam", "the evaluator")
+    cfg = config(repo, iterations=2)
+    driver.run(cfg, researcher=ScriptedResearcher([{"VALUE": 0.5}, {"VALUE": 2.0}]))
+    rows = ledger.read_rows(cfg.ledger_path)
+    assert [(r["iteration"], r["status"], r["metric"]) for r in rows] == \
+        [(0, "keep", 1.0), (1, "keep", 0.5), (2, "discard", 2.0)], [r["description"] for r in rows]

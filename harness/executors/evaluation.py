@@ -220,19 +220,19 @@ def train_job(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
 
 
 def finish(trained: Trained | TrainResult, cancel: threading.Event | None = None,
-           overlap_s: float = 0.0, beside: bool = False) -> TrainResult:
+           overlap_s: float = 0.0) -> TrainResult:
     """The evaluation half: evaluate_command (and test_command for a test job) on what the job
     left; the job's folders removed after. overlap_s: how much longer the evaluation may take
-    because training jobs may run beside it (local.py lets the next job train meanwhile); beside:
-    one does now, so the scorers yield the CPU to it (EVAL_NICE)."""
+    because training jobs may run beside it (local.py lets the next job train meanwhile), which
+    its idle scheduling class yields the CPU to (scoring.idle_prefix)."""
     if isinstance(trained, TrainResult):
         return trained
     t, result = trained, trained.result
     try:
         if t.cfg.evaluate_command and result.status == "ok":
-            result = scoring.evaluate(t, cancel, overlap_s, beside)
+            result = scoring.evaluate(t, cancel, overlap_s)
         if t.testing and result.status == "ok":
-            result = replace(result, test_metrics=scoring.score_test(t, cancel, overlap_s, beside))
+            result = replace(result, test_metrics=scoring.score_test(t, cancel, overlap_s))
     finally:
         shutil.rmtree(t.space.root, ignore_errors=True)  # the saved model can be large; the logs stay
     return result

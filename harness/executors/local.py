@@ -196,14 +196,13 @@ class LocalExecutor(ThreadedExecutor):
         if ready is not None and not ready.used:  # the job ended before its start (a refused baseline)
             ready.discard()
         self._give(None, slot)  # the next job trains while this one is evaluated
-        with self.cond:  # a job waits for a slot, or trains in one: the evaluation yields the CPU to it
-            beside = bool(self.waiting) or len(self.free) < self.count
         if isinstance(trained, TrainResult):
             self._done(future)
             future.set_result(trained)
             return
         try:
-            result = scored(evaluation.finish(trained, job.cancel, overlap_s=job.cfg.kill_after, beside=beside))
+            # starved (idle class) by at most its slot's next training and two of each other slot's
+            result = scored(evaluation.finish(trained, job.cancel, overlap_s=(job.cfg.kill_after or 0) * (2 * self.count - 1)))
         except BaseException as e:  # noqa: BLE001
             self._done(future)
             future.set_exception(e)

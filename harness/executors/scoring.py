@@ -3,8 +3,9 @@ left, each from the baseline's protected files in a sandbox of its own (evaluati
 
 A scorer sees its copy of the baseline's files, the job's output folder read-only and the data
 cache; nothing of the slot's worktree (where the next job may train now) nor of the run folder.
-Beside a training job it yields the CPU (EVAL_NICE) and, on a GPU, stays within
-EVAL_GPU_MEMORY_FRACTION of it; its deadline is calibrated on the baseline's evaluation (limits.py).
+A scorer runs in the idle scheduling class (IDLE_CLASS: it gets only the CPU time no training job
+beside it wants) and, on a GPU, within EVAL_GPU_MEMORY_FRACTION of it; its deadline is calibrated
+on the baseline's evaluation (limits.py).
 """
 from __future__ import annotations
 
@@ -25,12 +26,26 @@ from .launch import harness_env, state_dir, wrapper
 if TYPE_CHECKING:
     from .evaluation import Trained
 
-EVAL_NICE = 10  # the scorers' niceness: on a CPU they take what the training job beside them leaves
+# How a scorer is started: Linux's SCHED_IDLE class (chrt, util-linux), so that a training job
+# beside it loses no step to it (benchmarks/overlap_step_time.py: x1.02 of its step time alone,
+# against x1.31 at nice 10 and x8.9 at the same priority on 2 CPUs); nice 19 where chrt is missing.
+# Inherited by everything it starts, and never raised again: nothing in it can leave the class
+# without CAP_SYS_NICE (sched(7): RLIMIT_NICE), which no sandboxed process has.
+IDLE_CLASS = ("chrt", "--idle", "0")
+IDLE_FALLBACK = ("nice", "-n", "19")
+
+
+def idle_prefix() -> list[str]:
+    """The argv prefix that starts a command in the idle class (IDLE_CLASS, else IDLE_FALLBACK)."""
+    for prefix in (IDLE_CLASS, IDLE_FALLBACK):
+        path = shutil.which(prefix[0])
+        if path:
+            return [path, *prefix[1:]]
+    return []
 EVAL_GPU_MEMORY_FRACTION = 0.1  # of the slot's GPU a scorer may allocate (HARNESS_GPU_MEMORY_FRACTION)
 
 
-def evaluate(t: Trained, cancel: threading.Event | None = None, overlap_s: float = 0.0,
-             beside: bool = False) -> TrainResult:
+def evaluate(t: Trained, cancel: threading.Event | None = None, overlap_s: float = 0.0) -> TrainResult:
     """Run evaluate_command from the baseline's files on what the job left; its result is the metric.
 
     It has its own deadline (eval_deadline, longer by overlap_s), bounds (limits.of) and
@@ -38,7 +53,7 @@ def evaluate(t: Trained, cancel: threading.Event | None = None, overlap_s: float
     cfg, job, space = t.cfg, t.result, t.space
     eval_log = t.log_path.with_suffix(".eval.log")
     done, figures, why = run_scorer(t, cfg.evaluate_command, eval_log, (space.evaluator, space.eval_tmp,
-                                                                         space.eval_out), t.at_base, cancel, overlap_s, beside)
+                                                                         space.eval_out), t.at_base, cancel, overlap_s)
     logged = {k: v for k, v in job.metrics.items()  # the job's own figures: a log, never the metric
               if k != cfg.metric and isinstance(v, float)}
     job = replace(job, metrics=logged)  # whatever the evaluation says, the job's printed metric is gone
@@ -63,15 +78,15 @@ def evaluate(t: Trained, cancel: threading.Event | None = None, overlap_s: float
 
 
 def run_scorer(t: Trained, command: str, scorer_log: Path, folders: tuple[Path, Path, Path], at_base: bool,
-               cancel: threading.Event | None, overlap_s: float = 0.0,
-               beside: bool = False) -> tuple[TrainResult, dict | None, str]:
+               cancel: threading.Event | None, overlap_s: float = 0.0) -> tuple[TrainResult, dict | None, str]:
     """Run a scorer (evaluate_command, test_command) from the baseline's protected files (written
     from git by train_job) in its own sandbox, the job's output folder read-only; (how it ended, its
     result file, what its deadline is). folders: its copy of the baseline's files, its private /tmp,
     its result folder. It sees nothing of the slot's worktree (where the next job may train now) nor
-    of any other job's folders: the run folder is hidden, and only its own folders are shown. With a
-    training job beside it (beside) it runs at a lower CPU priority (EVAL_NICE); on a GPU, always
-    within EVAL_GPU_MEMORY_FRACTION of it."""
+    of any other job's folders: the run folder is hidden, and only its own folders are shown. It runs
+    in the idle scheduling class (idle_prefix), so a training job beside it keeps the CPU it would
+    have alone; on a GPU, within EVAL_GPU_MEMORY_FRACTION of it. overlap_s: how long training
+    jobs beside it may starve it, on top of its deadline."""
     cfg, space = t.cfg, t.space
     files, tmp, out = folders
     result_file = out / "result.json"
@@ -84,11 +99,10 @@ def run_scorer(t: Trained, command: str, scorer_log: Path, folders: tuple[Path, 
               if p.exists()]
     sandboxed = wrapper(t.choice, worktree=files, tmp_dir=tmp, output_dir=out,
                         readonly=[space.out, view.data_cache()], hidden=hidden, network=False)
-    nice = shutil.which("nice") if beside else None
+    idle = idle_prefix()
 
     def wrap(argv: list[str]) -> list[str]:
-        argv = sandboxed(argv) if sandboxed is not None else argv
-        return [nice, "-n", str(EVAL_NICE), *argv] if nice else argv
+        return [*idle, *(sandboxed(argv) if sandboxed is not None else argv)]
     where = state_dir(cfg, t.log_path)
     deadline_s, why = eval_deadline(cfg.eval_kill_after, where, t.base, at_base)
     if overlap_s and cfg.eval_kill_after is None:
@@ -99,14 +113,13 @@ def run_scorer(t: Trained, command: str, scorer_log: Path, folders: tuple[Path, 
     return done, read_json(result_file), why
 
 
-def score_test(t: Trained, cancel: threading.Event | None = None, overlap_s: float = 0.0,
-               beside: bool = False) -> dict[str, Any]:
+def score_test(t: Trained, cancel: threading.Event | None = None, overlap_s: float = 0.0) -> dict[str, Any]:
     """test_command on the model the job left: {metric: figure} (finite), or {"error": why}. Its own
     log (`.test.log`); the job's code never runs in it, and nothing it says decides anything."""
     cfg, space = t.cfg, t.space
     test_log = t.log_path.with_suffix(".test.log")
     done, figures, why = run_scorer(t, str(cfg.test_command), test_log, (space.tester, space.test_tmp,
-                                                                          space.test_out), False, cancel, overlap_s, beside)
+                                                                          space.test_out), False, cancel, overlap_s)
     if figures is not None and "refused" in figures:
         return {"error": f"the test evaluation refused the model: {str(figures['refused'])[:400]}"}
     if done.status in ("timeout", "invalid"):
