@@ -20,7 +20,7 @@ from .gitrun import GitFailed, GitTimeout, harness_env, run_git, settings, timeo
 HARNESS_NAME = "autoresearch-harness"
 HARNESS_EMAIL = "harness@localhost"
 EXCLUDES = ("/runs/", "/results.tsv")  # written into .git/info/exclude, never into .gitignore
-PACK_REFS_EVERY = 50  # iterations between packing the tried refs into packed-refs (see Worktree.pack_refs)
+PACK_REFS_EVERY = 50  # iterations between packing the tried refs and writing the commit-graph (Worktree.pack_refs)
 
 
 @dataclass(frozen=True)
@@ -335,11 +335,16 @@ class Worktree:
     def pack_refs(self) -> None:
         """Move loose refs into packed-refs (what `git gc` does), so that listing them (the git guard,
         twice an iteration) reads one file instead of one file per tried candidate. Only a speed-up:
-        a concurrent ref update that holds a lock makes it a no-op this time."""
-        try:
-            self.repo.git.pack_refs("--all")
-        except git.GitCommandError:
-            pass
+        a concurrent ref update that holds a lock makes it a no-op this time. Then the commit-graph
+        (what `git gc` and `git maintenance` write): every job's baseline check walks from its commit
+        back to the baseline (`merge-base --is-ancestor`, trust.baseline_problem), through every kept
+        commit, and the graph spares it parsing each commit object (a branch of 440 keeps: 6.3 ms
+        a walk without it, 1.8 ms with it)."""
+        for args in (("pack-refs", "--all"), ("commit-graph", "write", "--reachable")):
+            try:
+                self.repo.git.execute(["git", *args])
+            except git.GitCommandError:
+                pass
 
     def _identity(self, key: str, default: str) -> str:
         try:

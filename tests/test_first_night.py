@@ -350,7 +350,8 @@ def test_every_ledger_commit_survives_gc(repo: Path):
 
 def test_tried_refs_are_packed_so_listing_them_stays_one_file(repo: Path):
     """Every PACK_REFS_EVERY-th tried ref packs the loose ones: the git guard lists refs twice an
-    iteration, and a night of loose refs would make that one file read per candidate."""
+    iteration, and a night of loose refs would make that one file read per candidate. The
+    commit-graph is written then too."""
     from harness.gitgate import PACK_REFS_EVERY, Worktree
     wt = Worktree(repo)
     head = git(repo, "rev-parse", "HEAD").strip()
@@ -361,6 +362,10 @@ def test_tried_refs_are_packed_so_listing_them_stays_one_file(repo: Path):
     assert f"refs/autoresearch/p/tried/{1:04d}" in (repo / ".git/packed-refs").read_text()
     refs = git(repo, "for-each-ref", "--format=%(refname)", "refs/autoresearch/p/tried").split()
     assert len(refs) == PACK_REFS_EVERY + 2  # all still there, packed or loose
+    # and the commit-graph that keeps the baseline check's walk through the kept commits short
+    graph = repo / ".git/objects/info/commit-graph"
+    assert graph.is_file() and graph.read_bytes()[:4] == b"CGPH"
+    git(repo, "commit-graph", "verify")
 
 
 def test_the_ledger_is_read_again_when_it_changed_in_place(tmp_path: Path):

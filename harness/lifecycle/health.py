@@ -82,6 +82,18 @@ class Monitor:
         rows = ledger.read_rows(self.cfg.ledger_path)
         self.tokens = [self._tokens(r) for r in candidates(rows) if r.get("agent_s") is not None]
         self.checked: set[int] = set()
+        self._judged: tuple[int, list[dict[str, Any]], Any] = (0, [], None)  # see _candidates
+
+    def _candidates(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """candidates(rows), of only the rows appended since the last call: the ledger reader hands
+        out the same row objects while the file only grows (ledger.read_rows, copy=False), so a
+        night of a thousand iterations does not filter every row again at every iteration."""
+        seen, judged, last = self._judged
+        if not (seen <= len(rows) and (seen == 0 or rows[seen - 1] is last)):  # rewritten: from the start
+            seen, judged = 0, []
+        judged = judged + candidates(rows[seen:]) if len(rows) > seen else judged
+        self._judged = (len(rows), judged, rows[-1] if rows else None)
+        return judged
 
     @staticmethod
     def _tokens(row: Any) -> int:
@@ -113,7 +125,13 @@ class Monitor:
         ledgerguard.sync(self.cfg.ledger_path)
         self.echo()
         rows = ledger.read_rows(self.cfg.ledger_path, copy=False)  # looked at, never changed
-        session = [r for r in candidates(rows) if r["iteration"] > self.session_start]
+        judged = self._candidates(rows)
+        session = []  # this session's candidates, oldest first: only its tail is looked at
+        for r in reversed(judged):
+            if r["iteration"] <= self.session_start:
+                break
+            session.append(r)
+        session.reverse()
         run = 0  # failures in a row at the end of this session
         while run < len(session) and session[-1 - run]["status"] in FAILED:
             run += 1
@@ -127,7 +145,7 @@ class Monitor:
         if not n or it // n <= self.last_checkpoint // n:
             return None, None
         self.last_checkpoint = it
-        window = candidates(rows)[-n:]
+        window = judged[-n:]
         failed = [r for r in window if r["status"] in FAILED]
         due = it if ledger.best_row(rows) is not None else None
         if len(failed) > FAILURE_RATE * len(window):
