@@ -169,6 +169,45 @@ def test_ctrl_c_in_the_first_second_is_one_line_and_130(tmp_path: Path):
         assert proc.returncode in (130, -signal.SIGINT, 0), (delay, proc.returncode, errtext)
 
 
+STALLING_GIT = """#!/bin/sh
+# git, except that the set-up's dirty-repo check stalls (the marker says it has started)
+case "$*" in
+  "status --porcelain --untracked-files=all"*) touch "$STALL_MARK"; sleep 30 ;;
+esac
+exec {git} "$@"
+"""
+
+
+def test_ctrl_c_while_the_set_up_waits_on_git_exits_at_once(tmp_path: Path):
+    """A Ctrl-C that lands while the set-up waits on a git command (a slow disk, a big repo): exit
+    130 at once. GitPython's deadline is a timer thread that its call leaves running when an
+    interrupt escapes it, and Python's exit waits for every such thread (GIT_TIMEOUT_S, 300 s)."""
+    import shutil
+    repo = make_repo(tmp_path / "r")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "git").write_text(STALLING_GIT.format(git=shutil.which("git")))
+    (bin_dir / "git").chmod(0o755)
+    mark = tmp_path / "stalled"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": f"{bin_dir}:{os.environ['PATH']}", "STALL_MARK": str(mark)}
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "--repo", str(repo), "--tag", "g", "--agent",
+                             "mutate", "--iterations", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        until = time.monotonic() + 120
+        while not mark.exists() and proc.poll() is None and time.monotonic() < until:
+            time.sleep(0.05)
+        assert mark.exists(), "the set-up never ran its dirty-repo check"
+        proc.send_signal(signal.SIGINT)
+        out, errtext = proc.communicate(timeout=60)  # the timer thread would hold it 300 s
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, errtext
+    assert "Traceback" not in errtext and "interrupted (Ctrl-C)" in errtext, errtext
+
+
 def test_ctrl_c_during_training_then_resume(tmp_path: Path):
     """A real SIGINT to a real `harness run` while a candidate trains: nothing lost, HEAD at best."""
     repo, cmd, env, proc = slow_run(tmp_path, "c", "--iterations", "3", "--baseline-runs", "1")
