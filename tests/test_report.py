@@ -193,6 +193,9 @@ def test_html_renders_its_plots_in_headless_chromium(tmp_path: Path):
     subprocess.run([str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                     "--no-first-run", "--disable-background-networking", "--disable-component-update",
                     "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={png}",
+                    # the shot once the page has loaded and painted every image (under load, a shot taken
+                    # at once once caught a plot half-painted: 69 pixels of the kept markers' green)
+                    "--virtual-time-budget=10000",
                     "--window-size=1200,2400", built.html.resolve().as_uri()],
                    check=True, capture_output=True, timeout=120)
     import numpy as np
