@@ -42,6 +42,8 @@ def idle_prefix() -> list[str]:
         if path:
             return [path, *prefix[1:]]
     return []
+
+
 EVAL_GPU_MEMORY_FRACTION = 0.1  # of the slot's GPU a scorer may allocate (HARNESS_GPU_MEMORY_FRACTION)
 
 
