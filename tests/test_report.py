@@ -193,15 +193,17 @@ def test_html_renders_its_plots_in_headless_chromium(tmp_path: Path):
     subprocess.run([str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                     "--no-first-run", "--disable-background-networking", "--disable-component-update",
                     "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={png}",
-                    # the shot once the page has loaded and painted every image (under load, a shot taken
-                    # at once once caught a plot half-painted: 69 pixels of the kept markers' green)
-                    "--virtual-time-budget=10000",
-                    "--window-size=1200,2400", built.html.resolve().as_uri()],
+                    "--virtual-time-budget=10000",  # the shot once every image is loaded and painted
+                    # the whole page: its height grows with the ledgers' paths it names (a long temporary
+                    # folder wraps them onto more lines), and a shot 2400 high cut the last plot off
+                    "--window-size=1200,6000", built.html.resolve().as_uri()],
                    check=True, capture_output=True, timeout=120)
     import numpy as np
     from matplotlib import image
 
     pixels = (image.imread(png)[:, :, :3] * 255).round().astype(int)
+    inked = np.flatnonzero((pixels.std(axis=2) > 10).any(axis=1))
+    assert inked.max() < pixels.shape[0] - 200, "the page is taller than the shot: raise --window-size"
     assert pixels.std() > 10  # not a blank page
     colours = np.unique(pixels.reshape(-1, 3), axis=0)
     assert len(colours) > 200  # antialiased plot lines and markers, not only text
