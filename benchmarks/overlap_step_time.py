@@ -74,9 +74,9 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=15.0, help="s of training per measurement")
     parser.add_argument("--repeats", type=int, default=2, help="measurements per configuration")
     args = parser.parse_args()
-    configs = [("alone", None), ("evaluator beside, as the harness starts it: "
-                                + " ".join([Path(idle_prefix()[0]).name, *idle_prefix()[1:]] if idle_prefix() else ["as is"]),
-                                idle_prefix()),
+    idle = idle_prefix()
+    how = " ".join([Path(idle[0]).name, *idle[1:]]) if idle else "as is"
+    configs = [("alone", None), (f"evaluator beside, as the harness starts it: {how}", idle),
                ("evaluator beside, nice 10", ["nice", "-n", "10"]),
                ("evaluator beside, nice 0", [])]
     with tempfile.TemporaryDirectory() as tmp:

@@ -20,7 +20,7 @@ from .gitrun import GitFailed, GitTimeout, harness_env, run_git, settings, timeo
 HARNESS_NAME = "autoresearch-harness"
 HARNESS_EMAIL = "harness@localhost"
 EXCLUDES = ("/runs/", "/results.tsv")  # written into .git/info/exclude, never into .gitignore
-PACK_REFS_EVERY = 50  # iterations between packing the tried refs and writing the commit-graph (Worktree.pack_refs)
+PACK_REFS_EVERY = 50  # iterations between packing the tried refs and writing the commit-graph (Worktree.maintain)
 
 
 @dataclass(frozen=True)
@@ -329,10 +329,10 @@ class Worktree:
         name = f"refs/autoresearch/{tag}/tried/{iteration:04d}"
         self.repo.git.update_ref(name, commit)
         if iteration % PACK_REFS_EVERY == 0:
-            self.pack_refs()
+            self.maintain()
         return name
 
-    def pack_refs(self) -> None:
+    def maintain(self) -> None:
         """Move loose refs into packed-refs (what `git gc` does), so that listing them (the git guard,
         twice an iteration) reads one file instead of one file per tried candidate. Only a speed-up:
         a concurrent ref update that holds a lock makes it a no-op this time. Then the commit-graph

@@ -202,7 +202,8 @@ class LocalExecutor(ThreadedExecutor):
             return
         try:
             # starved (idle class) by at most its slot's next training and two of each other slot's
-            result = scored(evaluation.finish(trained, job.cancel, overlap_s=(job.cfg.kill_after or 0) * (2 * self.count - 1)))
+            starved_s = (job.cfg.kill_after or 0) * (2 * self.count - 1)
+            result = scored(evaluation.finish(trained, job.cancel, overlap_s=starved_s))
         except BaseException as e:  # noqa: BLE001
             self._done(future)
             future.set_exception(e)
