@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import re
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import git
 from git import GitCommandError  # noqa: F401 - the error of a failed git command, for the modules that ask gitgate
 
 from .errors import RepoError
-from .gitrun import GitFailed, GitTimeout, harness_env, run_git, settings, timeout_s  # noqa: F401 - re-exported
+from .gitrun import GitFailed, GitTimeout, harness_env, kill_git, run_git, settings, timeout_s  # noqa: F401 - re-exported
 
 HARNESS_NAME = "autoresearch-harness"
 HARNESS_EMAIL = "harness@localhost"
@@ -55,27 +56,45 @@ def content_hash(root: Path, paths: tuple[str, ...]) -> str:
 
 
 class _TimedGit(git.Git):
-    """GitPython's command wrapper with a deadline on every command (kill_after_timeout, the
-    process and its children killed) and a GitTimeout, not a GitCommandError, for a hung git."""
+    """GitPython's command wrapper with the harness's own deadline on every command: git runs in
+    a process group of its own, and a hung one is killed with its group and raises GitTimeout,
+    not a GitCommandError. Not GitPython's kill_after_timeout: that is a non-daemon timer thread
+    its call cancels only when git returns, so an interrupt (Ctrl-C) raised inside the call left
+    git running and the timer holding Python's exit for the whole deadline. Here an interrupt
+    kills git before it propagates, and nothing is left behind."""
 
     def execute(self, command, **kw):  # type: ignore[override]
-        if kw.get("as_process"):  # a stream the caller reads (none of the harness's verbs)
-            return super().execute(command, **kw)
+        if kw.get("as_process") or kw.get("output_stream") is not None:
+            return super().execute(command, **kw)  # a stream the caller reads (none of the harness's verbs)
         limit = kw.pop("kill_after_timeout", None) or timeout_s()
+        extended = kw.pop("with_extended_output", False)
+        check = kw.pop("with_exceptions", True)
+        as_string = kw.pop("stdout_as_string", True)
+        strip = kw.pop("strip_newline_in_stdout", True)
+        handle = super().execute(command, as_process=True, start_new_session=True, **kw)
+        proc = handle.proc  # the handle kept: dropped, it would terminate git at once
         try:
-            out = super().execute(command, kill_after_timeout=limit, **kw)
-        except git.GitCommandError as e:
-            if _killed(e.status, e.stderr):
-                raise GitTimeout(command, limit, self._working_dir) from None
+            out, err = proc.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            kill_git(proc)
+            raise GitTimeout(command, limit, self._working_dir) from None
+        except BaseException:  # a Ctrl-C while git runs: git does not outlive the call
+            kill_git(proc)
             raise
-        if kw.get("with_extended_output") and isinstance(out, tuple) and _killed(out[0], out[2]):
-            raise GitTimeout(command, limit, self._working_dir)
+        newline = "\n" if isinstance(out, str) else b"\n"
+        out, err = out if out is not None else newline[:0], err if err is not None else newline[:0]
+        if strip and out.endswith(newline):
+            out = out[:-1]
+        if err.endswith(newline):
+            err = err[:-1]
+        if check and proc.returncode != 0:
+            raise git.GitCommandError(command, proc.returncode, err, out)
+        if as_string and isinstance(out, bytes):
+            out = out.decode(errors="replace")
+        del handle  # git has exited: the handle's finalizer only reaps
+        if extended:
+            return proc.returncode, out, err.decode(errors="replace") if isinstance(err, bytes) else err
         return out
-
-
-def _killed(status, stderr) -> bool:
-    text = stderr.decode(errors="replace") if isinstance(stderr, bytes) else str(stderr or "")
-    return "did not complete in" in text and (not isinstance(status, int) or status != 0)
 
 
 class _Repo(git.Repo):

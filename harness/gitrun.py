@@ -134,17 +134,18 @@ def run_git(args: Sequence[Any], cwd: Path | str | None = None, *, timeout: floa
     try:
         out, err = proc.communicate(input, timeout=limit)
     except subprocess.TimeoutExpired:
-        _kill(proc)
+        kill_git(proc)
         raise GitTimeout(argv, limit, cwd) from None
     except BaseException:  # a Ctrl-C while git runs: git does not outlive the call
-        _kill(proc)
+        kill_git(proc)
         raise
     if check and proc.returncode != 0:
         raise GitFailed(argv, proc.returncode, out, err, cwd)
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def kill_git(proc: subprocess.Popen) -> None:
+    """Kill a git started in a session of its own (start_new_session) with its process group, and reap it."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:

@@ -134,6 +134,39 @@ def test_run_git_and_gitpython_calls_share_the_deadline(tmp_path, monkeypatch):
     assert gitgate.run_git(["rev-parse", "HEAD"], repo).stdout.strip() == git(repo, "rev-parse", "HEAD")
 
 
+INTERRUPTED = """
+import os, signal, sys, threading, time
+from pathlib import Path
+from harness import gitgate
+signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+started = time.monotonic()
+with gitgate.Worktree(Path(sys.argv[1])) as wt:
+    signal.alarm(1)  # a Ctrl-C while `git status` hangs
+    try:
+        wt.changes()
+    except KeyboardInterrupt:
+        print("interrupted after", round(time.monotonic() - started, 1))
+    print("threads", [t.name for t in threading.enumerate() if t is not threading.main_thread()])
+"""
+
+
+def test_an_interrupt_inside_a_git_call_kills_git_and_leaves_nothing_to_wait_for(tmp_path):
+    """A library user's Ctrl-C while a gitgate call waits on git: the interrupt propagates at
+    once, git is killed before it does, and no deadline thread is left for Python's exit to wait
+    on (the deadline is 300 s here; GitPython's own kill_after_timeout timer would hold it)."""
+    repo = make_repo(tmp_path / "r")
+    pid_file = tmp_path / "hung.pid"
+    bin_dir = hanging_git(tmp_path / "bin", "status", pid_file)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT), gitrun.TIMEOUT_ENV: "300"}
+    script = tmp_path / "interrupted.py"
+    script.write_text(INTERRUPTED)
+    done = subprocess.run([sys.executable, str(script), str(repo)], env=env, capture_output=True, text=True,
+                          timeout=120)  # the timer thread would hold the exit 300 s
+    assert done.returncode == 0, done.stderr
+    assert "interrupted after" in done.stdout and "threads []" in done.stdout, done.stdout
+    assert pid_file.exists() and not alive(int(pid_file.read_text())), "the interrupted git was left running"
+
+
 # ---------------------------------------------------------------------------------------------
 # Only gitgate runs git
 
