@@ -362,3 +362,41 @@ def test_a_back_fill_during_the_live_sync_logs_nothing_twice(tmp_path: Path):
     assert proc.returncode == 0, proc.communicate()[1]
     assert syncs >= 1  # at least one back-fill ran beside the live sync (the run trains for seconds)
     check_figures(f"sqlite:///{repo / 'runs/mlflow.db'}", run_dir, "both")
+
+
+
+FIRST_USE = """
+import sys, time
+from pathlib import Path
+import mlflow.tracking  # imported before the start line: the processes reach the database together
+from harness.track import connect
+Path(sys.argv[2] + "." + sys.argv[4]).touch()  # ready
+while not Path(sys.argv[2]).exists():
+    time.sleep(0.005)
+connect("mlflow", sys.argv[1], Path(sys.argv[3])).open(sys.argv[4])
+"""
+
+
+def test_processes_that_create_one_local_database_at_once_take_turns(tmp_path: Path):
+    """Two A/B arms' syncs, or a run's live sync and a back-fill, reaching a new runs/mlflow.db at
+    the same moment: each opens its experiment; none reads a table another is still migrating."""
+    script, go = tmp_path / "first_use.py", tmp_path / "go"
+    script.write_text(FIRST_USE)
+    uri = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    arms = [f"arm-{i}" for i in range(3)]
+    procs = [subprocess.Popen([sys.executable, str(script), uri, str(go), str(tmp_path), arm], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for arm in arms]
+    try:
+        while any(p.poll() is None for p in procs) and not all(Path(f"{go}.{arm}").exists() for arm in arms):
+            time.sleep(0.05)
+        go.touch()
+        results = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert [p.returncode for p in procs] == [0, 0, 0], [err[-2000:] for _, err in results]
+    client = MlflowClient(tracking_uri=uri)
+    assert {e.name for e in client.search_experiments()} >= set(arms)

@@ -7,6 +7,8 @@ incomplete by an interruption is deleted and logged again by the next sync.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import time
@@ -35,13 +37,34 @@ def _client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
+@contextlib.contextmanager
+def _creating(db: Path):
+    """One process (or thread) at a time creates or upgrades a local database: MLflow migrates a
+    new or older sqlite file on its first use, and two doing it at once (the run's live sync and a
+    `harness track` back-fill, or two A/B arms sharing runs/mlflow.db) read tables the other is
+    still changing (`no such column`, alembic's `0 found`). A lock file beside the database, held
+    while the client (and with it the store) is made."""
+    with open(db.parent / f".{db.name}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 class MlflowTracker:
     name = "mlflow"
 
     def __init__(self, uri: str, artifact_root: Path | None = None):
         """artifact_root: where a local (sqlite) store keeps artifacts; a server decides its own."""
         self.uri, self.artifact_root = uri, artifact_root
-        self.client = _client(uri)
+        if uri.startswith("sqlite:///"):
+            db = Path(uri[len("sqlite:///"):])
+            db.parent.mkdir(parents=True, exist_ok=True)
+            with _creating(db):
+                self.client = _client(uri)  # MLflow makes its store here: the database created or upgraded
+        else:
+            self.client = _client(uri)
         self.experiment_id = ""
         self.experiment = ""
         self.progress_id: str | None = None  # found by logged()
