@@ -12,6 +12,13 @@ git repos (the default sandbox):
   --pipeline, and with --pipeline but the warm start off (--no-warm-start: every job's
   interpreter started for it): experiments per hour **from process start** (the baseline, the
   first proposal and every evaluation included, to the last row) as a fraction of the limit 3600/B.
+- `overhead`: the harness's own cost per row at researcher latency 0, from process start: a real
+  `harness run` process (the CLI, the default sandbox for the job and the researcher) on the sleep
+  trainer, with a `cmd:` researcher that rewrites one number at once, sequential and pipelined.
+  Three figures per row: the wall time outside the trainer's own sleep (the trainer's and the
+  researcher's process starts included: what a user waits for besides training), outside the job
+  as the ledger times it (train_s), and outside the job and the researcher's time on the critical
+  path (agent_s when sequential: the harness's own work).
 - `ceiling-bundled`: the same on the bundled workload (train.py, prepare.py's sandboxed
   evaluation and its training-data export) at a 30 s budget on this machine's device, a stand-in
   researcher that waits B/2 and changes one knob.
@@ -19,10 +26,13 @@ git repos (the default sandbox):
     python benchmarks/throughput.py                                   # every section
     python benchmarks/throughput.py --only ceiling-bundled --bundled-iterations 3
     python benchmarks/throughput.py --only ceiling-sleep --budget 2 --iterations 6
+    python benchmarks/throughput.py --only overhead --iterations 20
 """
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -193,6 +203,46 @@ def section_sleep(root: Path, b: float, n: int) -> None:
         print(line(m) + f"   scaling x{m['per_hour'] / base:.2f} (ideal x{lanes})")
 
 
+# The instant researcher of the `overhead` section: one shell, one sed; every proposal a new VALUE.
+INSTANT = """cmd:sh -c 'sed -i "s/^VALUE = .*/VALUE = 2.$(date +%N)/" train.py'"""
+
+
+def measure_overhead(root: Path, name: str, budget_s: float, iterations: int, pipelined: bool) -> dict:
+    """One real `harness run` process from start to exit; the ledger's rows."""
+    repo = make_repo(root / "".join(c if c.isalnum() else "-" for c in name), TRAIN.format(budget=budget_s),
+                     f'time_budget = {budget_s}\nbaseline_runs = 1\n')
+    argv = [sys.executable, "-m", "harness", "run", "--repo", str(repo), "--tag", "o", "--agent", INSTANT,
+            "--iterations", str(iterations), "--pipeline" if pipelined else "--no-pipeline"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    t0 = time.monotonic()
+    done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wall_s = time.monotonic() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"{name}: harness run failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    rows = [r for r in ledger.read_rows(repo / "runs" / "o" / "results.tsv") if r["status"] != "budget"]
+    trained = [r for r in rows if r["train_s"]]
+    train_s = sum(r["train_s"] for r in trained)
+    agent_s = sum(r["agent_s"] or 0.0 for r in rows)
+    hidden = 0.0 if not pipelined else agent_s  # pipelined: the researcher works while the job trains
+    return {"name": name, "rows": len(rows), "trained": len(trained), "wall_s": wall_s,
+            "outside_sleep": (wall_s - len(trained) * budget_s) / len(rows),
+            "outside_train": (wall_s - train_s) / len(rows),
+            "outside_job": (wall_s - train_s - (agent_s - hidden)) / len(rows),
+            "statuses": {st: sum(r["status"] == st for r in rows) for st in {r["status"] for r in rows}}}
+
+
+def section_overhead(root: Path, b: float, n: int) -> None:
+    print(f"overhead per row at researcher latency 0, from process start: sleep trainer B = {b:g}s, "
+          f"{n} iterations, a real `harness run`")
+    for pipelined in (False, True):
+        m = measure_overhead(root, f"overhead {'pipelined' if pipelined else 'sequential'}", b, n, pipelined)
+        counts = " ".join(f"{k} {v}" for k, v in sorted(m["statuses"].items()))
+        print(f"  {m['name']:<22} {m['rows']} rows in {m['wall_s']:.1f}s: outside the trainer's sleep "
+              f"{m['outside_sleep']:.3f}s per row, outside the job {m['outside_train']:.3f}s, "
+              f"outside the job and the researcher "
+              f"{m['outside_job']:.3f}s per row   ({counts})")
+
+
 CEILING_MODES = (("sequential", False, True), ("pipelined", True, True), ("pipelined, cold", True, False))
 # (name, --pipeline, warm start): "cold" = --no-warm-start, every job's interpreter started for it
 
@@ -214,14 +264,16 @@ def main() -> None:
     parser.add_argument("--bundled-budget", type=float, default=30.0, help="B of the bundled workload, seconds")
     parser.add_argument("--bundled-iterations", type=int, default=4,
                         help="iterations per bundled configuration (fewer on a small machine)")
-    parser.add_argument("--only", choices=("sleep", "ceiling-sleep", "ceiling-bundled"), action="append",
+    parser.add_argument("--only", choices=("sleep", "ceiling-sleep", "ceiling-bundled", "overhead"), action="append",
                         help="run these sections only (repeatable); default: every one")
     args = parser.parse_args()
-    only = set(args.only or ("sleep", "ceiling-sleep", "ceiling-bundled"))
+    only = set(args.only or ("sleep", "ceiling-sleep", "ceiling-bundled", "overhead"))
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         if "sleep" in only:
             section_sleep(root, args.budget, args.iterations)
+        if "overhead" in only:
+            section_overhead(root, args.budget, args.iterations)
         if "ceiling-sleep" in only:
             b, n = args.budget, args.iterations
             print(f"ceiling, sleep trainer with a separate evaluation: B = {b:g}s, E = B/4, L = B/2, "
