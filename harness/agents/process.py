@@ -113,7 +113,7 @@ def run_agent(argv: list[str], cwd: Path, timeout_s: float, log_path: Path,
                 if timed_out or cancelled:
                     stop_group(proc)
                     break
-                time.sleep(POLL_S)
+                supervise.wait_exit(proc, POLL_S)
         finally:  # a child it left behind, an error, a KeyboardInterrupt: nothing of it outlives the call
             stop_group(proc)
         agent_s = time.monotonic() - start

@@ -234,11 +234,8 @@ def _wait(proc: subprocess.Popen, log_path: Path, watch: Watch, start: float, ki
     while True:
         for sampler in samplers:
             sampler.sample(time.monotonic())
-        try:  # returns the moment the job exits
-            proc.wait(timeout=POLL_S)
+        if supervise.wait_exit(proc, POLL_S):  # returns the moment the job exits
             return None, ""
-        except subprocess.TimeoutExpired:
-            pass
         if cancel is not None and cancel.is_set():
             raise KeyboardInterrupt("training cancelled")
         now = time.monotonic()
