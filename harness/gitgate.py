@@ -366,10 +366,14 @@ class Worktree:
                 pass
 
     def _identity(self, key: str, default: str) -> str:
-        try:
-            return self.repo.git.config(f"user.{key}") or default
-        except git.GitCommandError:
-            return default
+        """The user's user.name / user.email (read once per worktree: two git calls less per commit)."""
+        known = self.__dict__.setdefault("_identities", {})
+        if key not in known:
+            try:
+                known[key] = self.repo.git.config(f"user.{key}") or default
+            except git.GitCommandError:
+                known[key] = default
+        return known[key]
 
     def log(self, base: str) -> list[str]:
         """Commits on the branch after base, oldest first."""
