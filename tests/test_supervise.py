@@ -29,3 +29,22 @@ def test_wait_exit_says_whether_the_process_ended_and_wakes_when_it_does(monkeyp
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_wait_exit_works_above_the_select_limit_of_1024_descriptors():
+    """A supervisor with many open files (a Ray driver's sockets): the pidfd it waits on is past fd 1024."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the fd limit here is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = []
+    try:
+        while not held or held[-1] < 1100:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        proc = subprocess.Popen(["sh", "-c", "exit 3"])
+        assert supervise.wait_exit(proc, 120) is True and proc.returncode == 3
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import select
 import signal
@@ -110,8 +111,10 @@ def wait_exit(proc: subprocess.Popen, timeout: float) -> bool:
             return True
         except subprocess.TimeoutExpired:
             return False
-    try:
-        select.select([fd], [], [], timeout)
+    try:  # poll, not select: a supervisor with many open files (Ray's sockets) may hold fds over 1024
+        waiter = select.poll()
+        waiter.register(fd, select.POLLIN)
+        waiter.poll(max(0, math.ceil(timeout * 1000)))
     finally:
         os.close(fd)
     return proc.poll() is not None
