@@ -225,11 +225,11 @@ def measure_overhead(root: Path, name: str, budget_s: float, iterations: int, pi
     trained = [r for r in rows if r["train_s"]]
     train_s = sum(r["train_s"] for r in trained)
     agent_s = sum(r["agent_s"] or 0.0 for r in rows)
-    hidden = 0.0 if not pipelined else agent_s  # pipelined: the researcher works while the job trains
+    waited_s = 0.0 if pipelined else agent_s  # pipelined, the researcher works while the job trains
     return {"name": name, "rows": len(rows), "trained": len(trained), "wall_s": wall_s,
             "outside_sleep": (wall_s - len(trained) * budget_s) / len(rows),
             "outside_train": (wall_s - train_s) / len(rows),
-            "outside_job": (wall_s - train_s - (agent_s - hidden)) / len(rows),
+            "outside_job": (wall_s - train_s - waited_s) / len(rows),
             "statuses": {st: sum(r["status"] == st for r in rows) for st in {r["status"] for r in rows}}}
 
 

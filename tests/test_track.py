@@ -364,7 +364,6 @@ def test_a_back_fill_during_the_live_sync_logs_nothing_twice(tmp_path: Path):
     check_figures(f"sqlite:///{repo / 'runs/mlflow.db'}", run_dir, "both")
 
 
-
 FIRST_USE = """
 import sys, time
 from pathlib import Path

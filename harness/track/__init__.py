@@ -42,8 +42,7 @@ def connect(backend: str, uri: str, repo: Path) -> Tracker:
     if uri.startswith("sqlite:"):  # a local store: its artifacts beside the database, not in the cwd
         db = Path(uri[len("sqlite:///"):])
         artifacts = db.parent / "mlflow-artifacts" if db.is_absolute() else Path(repo) / LOCAL_ARTIFACTS
-        db.parent.mkdir(parents=True, exist_ok=True)
-        return MlflowTracker(uri, artifacts)
+        return MlflowTracker(uri, artifacts)  # it makes the database's folder
     return MlflowTracker(uri)
 
 

@@ -44,6 +44,7 @@ def _creating(db: Path):
     `harness track` back-fill, or two A/B arms sharing runs/mlflow.db) read tables the other is
     still changing (`no such column`, alembic's `0 found`). A lock file beside the database, held
     while the client (and with it the store) is made."""
+    db.parent.mkdir(parents=True, exist_ok=True)
     with open(db.parent / f".{db.name}.lock", "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
@@ -58,13 +59,9 @@ class MlflowTracker:
     def __init__(self, uri: str, artifact_root: Path | None = None):
         """artifact_root: where a local (sqlite) store keeps artifacts; a server decides its own."""
         self.uri, self.artifact_root = uri, artifact_root
-        if uri.startswith("sqlite:///"):
-            db = Path(uri[len("sqlite:///"):])
-            db.parent.mkdir(parents=True, exist_ok=True)
-            with _creating(db):
-                self.client = _client(uri)  # MLflow makes its store here: the database created or upgraded
-        else:
-            self.client = _client(uri)
+        local = uri.startswith("sqlite:///")
+        with _creating(Path(uri[len("sqlite:///"):])) if local else contextlib.nullcontext():
+            self.client = _client(uri)  # MLflow makes its store here: a local database created or upgraded
         self.experiment_id = ""
         self.experiment = ""
         self.progress_id: str | None = None  # found by logged()
