@@ -25,6 +25,7 @@ and any model, tokenizer trick or not, is judged on the same bytes.
 """
 
 import argparse
+import functools
 import hashlib
 import json
 import lzma
@@ -555,26 +556,195 @@ def check_program(program: dict) -> list:
 
 
 def load_model(folder: Path, device):
-    """The saved model as a module of ATen calls, and its (batch_size, seq_len); nothing it holds runs as Python."""
+    """The saved model as a callable that runs its graph's ATen calls, and its (batch_size, seq_len);
+    nothing it holds runs as Python."""
     from safetensors.torch import load_file
-    from torch._export.serde.serialize import SerializedArtifact, deserialize
     meta = json.loads((folder / "meta.json").read_text())
     program = json.loads((folder / "program.json").read_text())
     problems = check_program(program)
     if problems:
         _refuse(["the saved model cannot be evaluated safely: " + "; ".join(problems)])
-    for node in program["graph_module"]["graph"]["nodes"]:
-        node["metadata"] = {}
-    program["graph_module"]["metadata"] = {}
     tensors = load_file(str(folder / "weights.safetensors"), device=str(device))
     split = {prefix: {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
              for prefix in ("state_dict/", "constants/")}
-    params = {spec["parameter"]["parameter_name"] for spec in program["graph_module"]["signature"]["input_specs"]
-              if "parameter" in spec}
-    state = {k: torch.nn.Parameter(v, requires_grad=False) if k in params else v
-             for k, v in split["state_dict/"].items()}
-    artifact = SerializedArtifact(json.dumps(program).encode(), state, split["constants/"], {})
-    return deserialize(artifact).module(), int(meta["batch_size"]), int(meta["seq_len"])
+    try:
+        module = AtenProgram(program, split["state_dict/"], split["constants/"])
+    except Unsafe as e:
+        _refuse([f"the saved model cannot be evaluated safely: {e}"])
+    return module, int(meta["batch_size"]), int(meta["seq_len"])
+
+
+class Unsafe(ValueError):
+    """A part of a saved program the evaluator does not run (an input, argument or output kind)."""
+
+
+class AtenProgram:
+    """A checked program (check_program) run node by node: each node one ATen operator called on the
+    tensors named by its inputs and the literals it holds, in the graph's order, on fresh values in
+    every call (only the weights are shared, and no operator may change them).
+
+    Written here rather than loaded with torch's deserializer, which imports torch's compiler stack
+    (a second or more of every evaluation) and turns the graph into Python source that it then
+    runs. Here no code is made from what the job saved: an input, an argument or an output of a
+    kind not listed below is refused at load, before any call."""
+
+    def __init__(self, program: dict, state: dict, constants: dict):
+        module = program["graph_module"]
+        graph = module["graph"]
+        self.inputs = []  # (name, tensor), None for the model's input
+        for spec in module["signature"]["input_specs"]:
+            (kind, value), = spec.items()
+            arg = value["arg"]
+            name = arg["as_tensor"]["name"] if "as_tensor" in arg else arg["name"]
+            if kind == "parameter":
+                self.inputs.append((name, state[value["parameter_name"]]))
+            elif kind == "buffer":  # a non-persistent buffer is saved with the constants
+                key = value["buffer_name"]
+                self.inputs.append((name, state[key] if key in state else constants[key]))
+            elif kind == "tensor_constant":
+                self.inputs.append((name, constants[value["tensor_constant_name"]]))
+            elif kind == "user_input":
+                self.inputs.append((name, None))
+            else:
+                raise Unsafe(f"an input of kind {kind}")
+        if [t for _, t in self.inputs].count(None) != 1:
+            raise Unsafe("a model must take exactly one input (the bytes)")
+        known = {name for name, _ in self.inputs}
+        self.nodes = []  # (operator, positional, keyword, output names)
+        for node in graph["nodes"]:
+            name, _, overload = node["target"][len(OPERATOR_OK[0]):].partition(".")
+            op = getattr(getattr(torch.ops.aten, name), overload or "default")
+            args, kwargs = [], {}
+            for item in node["inputs"]:
+                decoded = _argument(item["arg"], known)
+                if item.get("kind", 1) == 1:
+                    args.append(decoded)
+                else:
+                    kwargs[item["name"]] = decoded
+            outputs = _outputs(node["outputs"])
+            known.update(n for n in outputs if n)
+            self.nodes.append((op, args, kwargs, outputs, []))
+        out = graph["outputs"]
+        if len(out) != 1 or set(out[0]) != {"as_tensor"} or out[0]["as_tensor"]["name"] not in known:
+            raise Unsafe("a model must return one tensor (the logits)")
+        self.output = out[0]["as_tensor"]["name"]
+        # each value is let go after the last node that reads it (as torch's generated code does), so
+        # a call holds the tensors still needed, not every one it made
+        last = {}
+        for i, (_, args, kwargs, outputs, _) in enumerate(self.nodes):
+            for name in [*outputs, *_names([*args, *kwargs.values()])]:
+                last[name] = i
+        for name, i in last.items():
+            if name and name != self.output and name not in dict(self.inputs):
+                self.nodes[i][4].append(name)
+
+    def __call__(self, x):
+        env = {name: x if tensor is None else tensor for name, tensor in self.inputs}
+        fetch = lambda v: env[v[1]] if type(v) is _Ref else [fetch(u) for u in v] if type(v) is list else v  # noqa: E731
+        for op, args, kwargs, outputs, done in self.nodes:
+            result = op(*[fetch(a) for a in args], **{k: fetch(v) for k, v in kwargs.items()})
+            if isinstance(outputs, _Many):  # a sequence of results (none, for an assertion)
+                for name, value in zip(outputs, result or (), strict=True):
+                    if name:
+                        env[name] = value
+            else:
+                env[outputs[0]] = result
+            for name in done:
+                env.pop(name, None)
+        return env[self.output]
+
+
+class _Ref(tuple):
+    """("ref", name): a tensor the graph made or took as input."""
+
+
+def _names(values) -> list:
+    """The tensor names decoded arguments refer to."""
+    found = []
+    for v in values:
+        if type(v) is _Ref:
+            found.append(v[1])
+        elif type(v) is list:
+            found += _names(v)
+    return found
+
+
+class _Many(list):
+    """A node's outputs that come as a sequence (a split, an operator with several results)."""
+
+
+@functools.lru_cache(maxsize=1)
+def _literal_tables():
+    from torch._export.serde.schema import Layout, MemoryFormat, ScalarType  # the format's tags (no compiler import)
+    dtypes = {"BYTE": torch.uint8, "CHAR": torch.int8, "SHORT": torch.int16, "INT": torch.int32, "LONG": torch.int64,
+              "HALF": torch.float16, "FLOAT": torch.float32, "DOUBLE": torch.float64, "BOOL": torch.bool,
+              "BFLOAT16": torch.bfloat16}
+    formats = {"ContiguousFormat": torch.contiguous_format, "ChannelsLast": torch.channels_last,
+               "ChannelsLast3d": torch.channels_last_3d, "PreserveFormat": torch.preserve_format}
+    return ({int(ScalarType[k]): v for k, v in dtypes.items()}, {int(MemoryFormat[k]): v for k, v in formats.items()},
+            {int(Layout.Strided): torch.strided})
+
+
+def _argument(arg: dict, known: set):
+    """One node input, decoded: a _Ref to a tensor, a list of them, or a literal; else Unsafe."""
+    if not isinstance(arg, dict) or len(arg) != 1:
+        raise Unsafe("an argument that is not one tagged value")
+    (kind, value), = arg.items()
+
+    def ref(t):
+        if not isinstance(t, dict) or t.get("name") not in known:
+            raise Unsafe("an argument that names no tensor made before it")
+        return _Ref(("ref", t["name"]))
+
+    if kind == "as_tensor":
+        return ref(value)
+    if kind == "as_tensors":
+        return [ref(t) for t in value]
+    if kind == "as_optional_tensors":
+        return [ref(t["as_tensor"]) if "as_tensor" in t else None for t in value]
+    if kind == "as_none":
+        return None
+    if kind.rstrip("s") in LITERAL_KINDS:  # one literal, or a list of them for the plural kind
+        plural = kind != kind.rstrip("s")
+        items = value if plural and isinstance(value, list) else [value] if not plural else None
+        if items is not None:
+            # the format writes a non-finite float as a string
+            items = [NON_FINITE.get(v, v) if kind.startswith("as_float") and isinstance(v, str) else v for v in items]
+            if all(LITERAL_KINDS[kind.rstrip("s")](v) for v in items):
+                return items if plural else items[0]
+    tables = dict(zip(("as_scalar_type", "as_memory_format", "as_layout"), _literal_tables()))
+    if kind in tables and isinstance(value, int) and value in tables[kind]:
+        return tables[kind][value]
+    if kind == "as_device" and isinstance(value, dict) and value.get("type") in ("cpu", "cuda") \
+            and isinstance(value.get("index"), (int, type(None))):
+        return torch.device(value["type"], value.get("index"))
+    raise Unsafe(f"an argument of kind {kind} ({str(value)[:60]})")
+
+
+LITERAL_KINDS = {  # kind (as_ints: a list of as_int) -> what its value may be
+    "as_int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "as_float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "as_bool": lambda v: isinstance(v, bool),
+    "as_string": lambda v: isinstance(v, str),
+}
+NON_FINITE = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
+
+
+def _outputs(outputs: list) -> list:
+    """The names a node's results are bound to (None: a result not used)."""
+    if len(outputs) == 1 and set(outputs[0]) == {"as_tensor"}:
+        return [outputs[0]["as_tensor"]["name"]]
+    if len(outputs) == 1 and set(outputs[0]) == {"as_tensors"}:
+        return _Many(t["name"] for t in outputs[0]["as_tensors"])
+    names = _Many()
+    for out in outputs:
+        if set(out) == {"as_tensor"}:
+            names.append(out["as_tensor"]["name"])
+        elif set(out) == {"as_none"}:
+            names.append(None)
+        else:
+            raise Unsafe(f"an output of kind {', '.join(out)}")
+    return names
 
 
 def evaluate_saved(output_dir: Path, split: str = "val") -> dict:

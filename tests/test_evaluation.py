@@ -83,6 +83,16 @@ def test_a_crafted_model_file_is_refused_without_running_it(work, tmp_path):
         "symbolic": lambda p: p["graph_module"]["graph"]["nodes"][0]["inputs"].append(
             {"name": "x", "arg": {"as_sym_int": {"as_expr": {
                 "expr_str": f"__import__('os').system('touch {marker}')"}}}}),
+        # what the evaluator's own runner (prepare.AtenProgram) does not run: a tag it does not know,
+        # a dtype tag outside its table, a tensor used before a node makes it, a result of another kind
+        "argument kind": lambda p: p["graph_module"]["graph"]["nodes"][0]["inputs"].append(
+            {"name": "x", "arg": {"as_callable": "os.system"}, "kind": 2}),
+        "dtype tag": lambda p: p["graph_module"]["graph"]["nodes"][0]["inputs"].append(
+            {"name": "dtype", "arg": {"as_scalar_type": 99}, "kind": 2}),
+        "later tensor": lambda p: p["graph_module"]["graph"]["nodes"][0]["inputs"].append(
+            {"name": "x", "arg": {"as_tensor": {"name": p["graph_module"]["graph"]["outputs"][0]["as_tensor"]["name"]}},
+             "kind": 1}),
+        "result kind": lambda p: p["graph_module"]["graph"]["nodes"][0].update(outputs=[{"as_int": 3}]),
     }
     for name, attack in attacks.items():
         program = json.loads(pristine)
@@ -93,6 +103,16 @@ def test_a_crafted_model_file_is_refused_without_running_it(work, tmp_path):
         assert scored.returncode != 0, name
         assert "cannot be evaluated safely" in json.loads(result.read_text())["refused"], name
         assert not marker.exists(), name
+    program_path.write_text(pristine)
+    # the pristine model loads without torch's compiler stack (its deserializer imports it, a second
+    # or more per evaluation) and gives the module's logits
+    loaded = run(work, "-c", "import sys, torch, prepare; from pathlib import Path\n"
+                 f"m, b, t = prepare.load_model(Path({str(out / 'model')!r}), torch.device('cpu'))\n"
+                 "y = m(torch.zeros(b, t, dtype=torch.long))\n"
+                 "print(tuple(y.shape), [n for n in ('torch._dynamo', 'torch._export.serde.serialize') "
+                 "if n in sys.modules])")
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.split("\n")[-2].endswith("[]"), loaded.stdout
     shutil.rmtree(out / "model")
     scored = evaluate(work, out, tmp_path / "none.json")
     assert "saved no model" in json.loads((tmp_path / "none.json").read_text())["refused"]
@@ -228,3 +248,40 @@ def test_the_attention_operators_a_cuda_export_produces_are_accepted():
     refused = {v: prepare.check_program(program(v)) for v in variants}
     assert not any(refused.values()), {v: p for v, p in refused.items() if p}
     assert prepare.check_program(program("torch.ops.aten.add_.Tensor"))  # the check is not a pass-through
+
+
+def test_the_evaluator_runs_an_exported_model_exactly_as_the_module_computes_it(tmp_path, monkeypatch):
+    """prepare.AtenProgram (the evaluator's own graph runner) against the module the program was
+    exported from: literals of each kind (a -inf mask, which the format writes as a string, dtypes,
+    a memory format, a device), a node with several results, a split, a constant, a buffer."""
+    import torch
+    sys.path.insert(0, str(ROOT))
+    import prepare
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(256, 16)
+            self.head = torch.nn.Linear(16, 256)
+            self.register_buffer("scale", torch.tensor([0.5, 2.0]), persistent=False)
+
+        def forward(self, idx):
+            x = self.embed(idx)
+            t = idx.shape[1]
+            mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=idx.device), 1)
+            x = (x @ x.transpose(1, 2)).masked_fill(mask, float("-inf")).softmax(-1) @ x
+            a, b = x.chunk(2, dim=-1)
+            x = torch.cat([a * self.scale[0], b * self.scale[1]], -1).to(torch.float64).to(torch.float32)
+            var, mean = torch.var_mean(x, dim=-1, keepdim=True)
+            x = ((x - mean) / (var + 1e-5).sqrt()).contiguous(memory_format=torch.contiguous_format)
+            return self.head(x) + torch.arange(256, device=idx.device, dtype=torch.float32) * torch.tensor(1e-3)
+
+    monkeypatch.setattr(prepare, "OUTPUT_DIR", str(tmp_path))
+    model = Model()
+    folder = prepare.save_model(model, 16, 4)
+    assert '"-Infinity"' in (folder / "program.json").read_text()
+    loaded, batch_size, seq_len = prepare.load_model(folder, torch.device("cpu"))
+    x = torch.randint(0, 256, (batch_size, seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model.eval()(x))
+        assert torch.equal(loaded(x), loaded(x))  # nothing kept from one call to the next
