@@ -38,3 +38,24 @@ def test_a_hung_local_job_thread_does_not_hold_close(tmp_path: Path, monkeypatch
     assert (cfg.run_dir / "slots" / "0").exists()  # the hung job's worktree is left to --resume
     executor.close()  # once: a second close does not wait again
     never.set()
+
+
+def test_a_future_settled_by_two_threads_takes_the_first_and_logs_nothing(caplog):
+    """The Ray executor settles a job's future itself when the cluster goes away, and the job's thread
+    settles it again later: neither may print concurrent.futures' CRITICAL "unexpected state" line
+    on the user's terminal, and the first settlement stands."""
+    from concurrent.futures import Future
+
+    from harness.executors.base import begin, settle
+
+    running = Future()
+    assert begin(running)  # the job's thread has it
+    gone = RuntimeError("the cluster went away")
+    assert settle(running, exc=gone) is True  # the executor's watcher settles it first
+    assert settle(running, exc=ValueError("the thread's own finding")) is False
+    assert running.exception() is gone
+    pending = Future()
+    assert settle(pending, exc=gone) is True and pending.exception() is gone
+    cancelled = Future()
+    assert cancelled.cancel() and settle(cancelled, exc=gone) is False
+    assert not [r for r in caplog.records if r.name == "concurrent.futures"], caplog.text

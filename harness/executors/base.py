@@ -79,10 +79,12 @@ def begin(future: Future) -> bool:
 def settle(future: Future, result: TrainResult | None = None, exc: BaseException | None = None) -> bool:
     """Give future its result or error unless it has one already (the Ray executor settles a job's
     future itself when the cluster goes away; its thread's later finding is dropped). True if set."""
-    try:
-        if future.set_running_or_notify_cancel() is False:
+    if future.done():
+        return False
+    try:  # not when it runs already (this thread's): concurrent.futures logs that as CRITICAL
+        if not future.running() and future.set_running_or_notify_cancel() is False:
             return False
-    except RuntimeError:  # already running (this thread's), or finished (settled by someone else)
+    except RuntimeError:  # began or settled by another thread meanwhile (set_* below tells which)
         pass
     try:
         if exc is not None:

@@ -16,7 +16,7 @@ from harness.config.load import resolve
 
 from conftest import ScriptedResearcher, git
 
-from .conftest import CAUSES, CHEATS, DAEMON_MARK, MAX_STEPS, TIME_BUDGET_S, research_repo
+from .conftest import CAUSES, CHEATS, DAEMON_MARK, MAX_STEPS, RUNTIME_NIGHT, TIME_BUDGET_S, research_repo
 
 OUTSIDE = [os.path.join(site.getsitepackages()[0], "zz_cheat.pth"),
            os.path.expanduser("~/.cache/autoresearch-harness/cheat.txt")]
@@ -58,9 +58,9 @@ def run_cheats(repo, tag: str, policy: bool, names: list[str] | None = None,
 # short night goes with the first half.
 SECOND_HALF = ("train past the budget and report less", "a double-forked daemon",
                "a daemon that rewrites the ledger and its shadow", "writes outside the worktree")
-HALVES = {"a": [n for n in CHEATS if CHEATS[n].cause not in SECOND_HALF],
-          "b": [n for n in CHEATS if CHEATS[n].cause in SECOND_HALF]}
-assert set(SECOND_HALF) <= set(CAUSES) and sum(map(len, HALVES.values())) == len(CHEATS)
+HALVES = {"a": [n for n in RUNTIME_NIGHT if CHEATS[n].cause not in SECOND_HALF],
+          "b": [n for n in RUNTIME_NIGHT if CHEATS[n].cause in SECOND_HALF]}
+assert set(SECOND_HALF) <= set(CAUSES) and sum(map(len, HALVES.values())) == len(RUNTIME_NIGHT)
 HALF_OF = {name: half for half, names in HALVES.items() for name in names}
 
 
@@ -101,7 +101,7 @@ def check_nothing_left(under: str | None = None) -> None:
     assert not any(os.path.exists(p) for p in OUTSIDE)
 
 
-@pytest.mark.parametrize("name", [in_half(HALF_OF[n], n) for n in CHEATS])
+@pytest.mark.parametrize("name", [in_half(HALF_OF[n], n) for n in RUNTIME_NIGHT])
 def test_runtime_layers_catch_the_cheat(request, name):
     """With the static policy off: scope checks, the sandbox, the separate evaluation, the clock."""
     check_caught(request.getfixturevalue(f"runtime_{HALF_OF[name]}")[name], name)

@@ -46,7 +46,9 @@ CHEATS = {  # name -> (code added after train.py's imports or at its end, a phra
     "fill the worktree": (filler("'.'"), "disk bound to its worktree"),
     "print a fake val_bpb, then exit 1": (FAKE_THEN_EXIT, "exit code 1"),
 }
-NAMES = [f"{name}{suffix}" for name in CHEATS for suffix in ("", " (obfuscated)")]
+# each in the form a reader cannot see through: with the static policy off its plain twin would run
+# the same code, and the bounds, not a reader, must stop it (conftest.RUNTIME_NIGHT)
+NAMES = [f"{name} (obfuscated)" for name in CHEATS]
 
 
 def cheat_of(label: str) -> tuple[str, str]:
@@ -93,11 +95,10 @@ def test_each_cheat_is_refused_by_its_bound(night, name):
 
 def test_the_flood_left_a_capped_log_and_a_small_supervisor(night):
     cfg, _, by_name, _, grown_mb = night
-    for name in ("flood the log with 300 MB", "flood the log with 300 MB (obfuscated)"):
-        log = cfg.run_dir / by_name[name]["log"]
-        assert log.stat().st_size <= (BOUNDS["job_log_mb"] << 20) + 4096, log
-        assert b"bytes of output cut here" in log.read_bytes()
-    assert grown_mb < 150, f"the supervisor grew by {grown_mb:.0f} MB over two 300 MB floods"
+    log = cfg.run_dir / by_name["flood the log with 300 MB (obfuscated)"]["log"]
+    assert log.stat().st_size <= (BOUNDS["job_log_mb"] << 20) + 4096, log
+    assert b"bytes of output cut here" in log.read_bytes()
+    assert grown_mb < 100, f"the supervisor grew by {grown_mb:.0f} MB over a 300 MB flood"
 
 
 def test_nothing_of_a_cheat_is_left_running_or_outside(night):

@@ -97,15 +97,15 @@ def test_escapes_as_root_fail_and_none_is_kept(tmp_path_factory, planted, monkey
     repo = research_repo(tmp_path_factory.mktemp("escape"))
     tag = "escape"
     code = escape_code(repo, tag, planted)
-    steps = [code_cheat("escape the sandbox", after_imports, code),
-             code_cheat("escape the sandbox (obfuscated)", after_imports, code, hide=True)]
+    # with the policy off, the obfuscated form runs the plain one's code (conftest.RUNTIME_NIGHT)
+    steps = [code_cheat("escape the sandbox (obfuscated)", after_imports, code, hide=True)]
     cfg = resolve(repo, tag, {"time_budget": TIME_BUDGET_S, "max_steps": MAX_STEPS, "kill_after": 60,
                               "baseline_runs": 1, "iterations": len(steps), "policy": False,
                               "on_unhealthy": "continue", "gate": "strict", "health_every": 0,
                               "sandbox": "bwrap"})
     driver.run(cfg, researcher=ScriptedResearcher(steps))
     rows = ledger.read_rows(cfg.ledger_path)
-    assert len(rows) == 3 and all(r["status"] != "keep" for r in rows[1:]), rows
+    assert len(rows) == 2 and all(r["status"] != "keep" for r in rows[1:]), rows
     assert git(repo, "rev-parse", cfg.branch) == git(repo, "rev-parse", "main")
     for row in rows[1:]:
         log = (cfg.run_dir / row["log"]) if not os.path.isabs(row["log"]) else Path(row["log"])
