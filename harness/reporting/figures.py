@@ -76,24 +76,45 @@ def baseline_index(rows: list[dict[str, Any]]) -> int | None:
     return None
 
 
-def baseline_attempts(df: "pd.DataFrame") -> "pd.Series":
+def number(value: Any) -> float | None:
+    """A cell as a number: None when empty, NaN or not a number (what frame() coerces to NaN)."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if value != value else value
+
+
+def baseline_flags(rows: list[dict[str, Any]]) -> list[bool]:
     """Which rows trained the unmodified code as the baseline (the harness numbers them iteration 0;
     a five-column ledger has no iteration, so every row up to the first keep is one)."""
-    kept = df["status"].eq("keep")
-    by_order = df.index <= kept.idxmax() if kept.any() else True
-    numbered = df["iteration"].eq(0) & df["status"].ne("repeat")
-    return numbered.where(df["iteration"].notna(), by_order).astype(bool)
+    first_keep = next((i for i, r in enumerate(rows) if r.get("status") == "keep"), None)
+    flags = []
+    for i, r in enumerate(rows):
+        iteration = number(r.get("iteration"))
+        if iteration is None:
+            flags.append(first_keep is None or i <= first_keep)
+        else:
+            flags.append(iteration == 0 and r.get("status") != "repeat")
+    return flags
+
+
+def experiment_flags(rows: list[dict[str, Any]]) -> list[bool]:
+    """Which rows are candidates after the baseline (see the module docstring)."""
+    return [r.get("status") not in NOT_EXPERIMENTS and not base for r, base in zip(rows, baseline_flags(rows))]
 
 
 def experiment_mask(df: "pd.DataFrame") -> "pd.Series":
-    """Every candidate after the baseline (see the module docstring)."""
-    return ~df["status"].isin(NOT_EXPERIMENTS) & ~baseline_attempts(df)
+    """experiment_flags, for a frame's rows (the report's tables)."""
+    import pandas as pd
+    return pd.Series(experiment_flags(df.to_dict("records")), index=df.index, dtype=bool)
 
 
 def experiments(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The experiments' rows, as dicts (experiment_mask)."""
-    mask = experiment_mask(frame(rows)).tolist()
-    return [r for r, m in zip(rows, mask) if m]
+    """The experiments' rows, as dicts (experiment_flags)."""
+    return [r for r, m in zip(rows, experiment_flags(rows)) if m]
 
 
 def improvement(direction: str, baseline: float | None, best: float | None) -> float | None:
@@ -132,36 +153,48 @@ class Headline:
 
 
 def headline(rows: list[dict[str, Any]], metric: str = "metric", direction: str = "minimize") -> Headline:
-    """A run's figures from its ledger rows (ledger.read_rows), by the rules above."""
-    df = frame(rows)
-    kept = df[df["status"].eq("keep")]
-    base_row, best_row = (kept.iloc[0], kept.iloc[-1]) if len(kept) else (None, None)
-    base = None if base_row is None else known(values(kept).iloc[0])
-    best = None if best_row is None else known(values(kept).iloc[-1])
+    """A run's figures from its ledger rows (ledger.read_rows), by the rules above. Plain Python over
+    the rows, no frame: the live display asks for it after every row of a night."""
+    kept = [r for r in rows if r.get("status") == "keep"]
+    base_row, best_row = (kept[0], kept[-1]) if kept else (None, None)
+    base = None if base_row is None else _value(base_row)
+    best = None if best_row is None else _value(best_row)
     gain = improvement(direction, base, best)
-    exp = df[experiment_mask(df)]
-    counts = {str(k): int(v) for k, v in exp.groupby("status", sort=False).size().items()}
-    reported = df["agent_s"].notna() & (df["input_tokens"].notna() | df["output_tokens"].notna())
-    costs = df.loc[reported, "cost_usd"]  # a call that reported its tokens but has no cost: unknown
+    flags = experiment_flags(rows)
+    exp = [r for r, m in zip(rows, flags) if m]
+    counts: dict[str, int] = {}
+    for r in exp:
+        counts[str(r.get("status"))] = counts.get(str(r.get("status")), 0) + 1
+    tokens = {k: [number(r.get(k)) for r in rows] for k in ("input_tokens", "output_tokens")}
+    called = [number(r.get("agent_s")) is not None for r in rows]
+    reported = [c and (i is not None or o is not None) for c, i, o in zip(called, *tokens.values())]
+    costs = [number(r.get("cost_usd")) for r, rep in zip(rows, reported) if rep]  # reported tokens, no cost: unknown
+    unknown = sum(1 for r, c, i, o in zip(rows, called, *tokens.values())
+                  if c and (number(r.get("iteration")) or 0) > 0 and i is None and o is None)
     return Headline(
         metric=metric, direction=direction,
-        baseline=base, baseline_commit=str(known(base_row["commit"]) or "") if base_row is not None else "",
-        best=best, best_commit=str(known(best_row["commit"]) or "") if best_row is not None else "",
+        baseline=base, baseline_commit=str(base_row.get("commit") or "") if base_row is not None else "",
+        best=best, best_commit=str(best_row.get("commit") or "") if best_row is not None else "",
         improvement=gain,
         improvement_pct=None if gain is None or not base else 100 * gain / abs(base),
         experiments=len(exp), counts=counts,
-        keep_rate=counts.get("keep", 0) / len(exp) if len(exp) else None,
-        failed_baselines=int((baseline_attempts(df) & df["status"].isin(FAILED)).sum()),
-        repeats=int(df["status"].eq("repeat").sum()),
-        budget_stop=bool(df["status"].eq("budget").any()),
-        input_tokens=int(df["input_tokens"].sum()),
-        output_tokens=int(df["output_tokens"].sum()),
-        cost_usd=None if costs.isna().any() else float(costs.sum()),
-        unknown_usage_calls=int((df["agent_s"].notna() & df["iteration"].fillna(0).gt(0)
-                                 & df["input_tokens"].isna() & df["output_tokens"].isna()).sum()),
+        keep_rate=counts.get("keep", 0) / len(exp) if exp else None,
+        failed_baselines=sum(1 for r, b in zip(rows, baseline_flags(rows)) if b and r.get("status") in FAILED),
+        repeats=sum(1 for r in rows if r.get("status") == "repeat"),
+        budget_stop=any(r.get("status") == "budget" for r in rows),
+        input_tokens=int(sum(v for v in tokens["input_tokens"] if v is not None)),
+        output_tokens=int(sum(v for v in tokens["output_tokens"] if v is not None)),
+        cost_usd=None if any(c is None for c in costs) else float(sum(costs)),
+        unknown_usage_calls=unknown,
         baseline_runs=None if base_row is None else _runs(base_row),
         best_runs=None if best_row is None else _runs(best_row),
     )
+
+
+def _value(row: dict[str, Any]) -> float | None:
+    """value_of, as a number (a confirmed candidate's mean, else its one run)."""
+    mean = number(row.get("mean"))
+    return mean if mean is not None else number(row.get("metric"))
 
 
 def cost_text(cost_usd: float | None, unknown_calls: int = 0, digits: int = 4) -> str:
@@ -174,9 +207,9 @@ def cost_text(cost_usd: float | None, unknown_calls: int = 0, digits: int = 4) -
     return f"${cost_usd:.{digits}f}"
 
 
-def _runs(row: "pd.Series") -> int:
+def _runs(row: dict[str, Any]) -> int:
     """How many training runs a decided row's value is the mean of (1 when the ledger does not say)."""
-    n = known(row["runs"])
+    n = number(row.get("runs"))
     return int(n) if n else 1
 
 
