@@ -45,10 +45,6 @@ POLL_S = 0.05
 # the process table (psutil)
 
 
-def _processes() -> list[int]:
-    return psutil.pids()
-
-
 def _stat(pid: int) -> tuple[str, int] | None:
     """(state, pgid) of a process, or None when it is gone."""
     try:
@@ -71,22 +67,37 @@ def alive(pid: int) -> bool:
     return st is not None and st[0] != psutil.STATUS_ZOMBIE
 
 
+def started_after_now() -> float:
+    """A bound for `members(since=...)`, taken just before a process is started: every process it
+    starts, and theirs, starts after it (psutil's create_time: the boot time plus the process's
+    start on the boot clock, which no change of the wall clock moves; a second of margin for the
+    clock's ticks)."""
+    return psutil.boot_time() + time.clock_gettime(time.CLOCK_BOOTTIME) - 1.0
+
+
 def members(pgid: int | None = None, token: str | None = None, run_dir: str | None = None,
-            not_owner: int | None = None) -> list[int]:
+            not_owner: int | None = None, since: float | None = None) -> list[int]:
     """Live processes in group pgid, or carrying token, or belonging to run_dir (and not to the
-    supervisor not_owner)."""
+    supervisor not_owner). since (started_after_now() before token's first process started): a
+    process that started earlier cannot carry the token, and its environment is not read. On a
+    machine of hundreds of processes that read was most of each job's and each researcher call's
+    stop: every process's environment, twice."""
     me = os.getpid()
     found = []
-    for pid in _processes():
-        if pid == me:
+    for proc in psutil.process_iter(["status", "create_time"]):  # psutil keeps a table of the processes it has seen
+        pid, status, created = proc.pid, proc.info["status"], proc.info["create_time"]
+        if pid == me or status in (None, psutil.STATUS_ZOMBIE):
             continue
-        st = _stat(pid)
-        if st is None or st[0] == psutil.STATUS_ZOMBIE:
+        try:
+            group = os.getpgid(pid)
+        except OSError:
             continue
-        if pgid is not None and st[1] == pgid:
+        if pgid is not None and group == pgid:
             found.append(pid)
             continue
         if token is None and run_dir is None:
+            continue
+        if run_dir is None and since is not None and created is not None and created < since:
             continue
         env = _environ(pid)
         if token is not None and env.get(TOKEN_VAR) == token:
@@ -122,25 +133,32 @@ def wait_exit(proc: subprocess.Popen, timeout: float) -> bool:
 
 def _kill_all(pids_fn, grace_s: float) -> int:
     """SIGTERM what pids_fn() finds, wait up to grace_s, then SIGKILL what is left; how many it found."""
+    return _kill_left(pids_fn, grace_s)[0]
+
+
+def _kill_left(pids_fn, grace_s: float) -> tuple[int, list[int]]:
+    """_kill_all, and what its last look still found (empty: nothing is left)."""
     first = pids_fn()
     if not first:
-        return 0
+        return 0, []
+    left = first
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, KILL_WAIT_S)):
-        pids = pids_fn()
-        for pid in pids:
+        for pid in pids_fn():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
         until = time.monotonic() + wait_s
         while time.monotonic() < until and pids_fn():
             time.sleep(POLL_S)
-        if not pids_fn():
+        left = pids_fn()
+        if not left:
             break
-    return len(first)
+    return len(first), left
 
 
-def kill(proc: subprocess.Popen, grace_s: float = TERM_GRACE_S) -> None:
-    """SIGTERM proc's group, SIGKILL after grace_s; then whatever of its group or token is left."""
-    token = getattr(proc, "harness_token", None)
+def kill(proc: subprocess.Popen, grace_s: float = TERM_GRACE_S) -> bool:
+    """SIGTERM proc's group, SIGKILL after grace_s; then whatever of its group or token is left.
+    True when the last look found nothing of it alive."""
+    token, since = getattr(proc, "harness_token", None), getattr(proc, "harness_since", None)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -149,9 +167,10 @@ def kill(proc: subprocess.Popen, grace_s: float = TERM_GRACE_S) -> None:
             proc.wait(timeout=grace_s)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)  # the leader is gone: children that ignored SIGTERM
-    _kill_all(lambda: members(pgid=proc.pid, token=token), grace_s=0.5)
+    _, left = _kill_left(lambda: members(pgid=proc.pid, token=token, since=since), grace_s=0.5)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=KILL_WAIT_S)
+    return not left
 
 
 # ---------------------------------------------------------------------------
@@ -189,6 +208,7 @@ class Supervisor:
                 raise OSError("the run is stopping: no new process is started")
             _write_json(record, data)
         popen["env"] = self.env(popen.get("env"), token)
+        since = started_after_now()
         try:
             proc = subprocess.Popen(argv, start_new_session=True, **popen)
         except BaseException:
@@ -197,19 +217,21 @@ class Supervisor:
         data["pgid"] = proc.pid
         _write_json(record, data)
         proc.harness_token = token  # type: ignore[attr-defined]
+        proc.harness_since = since  # type: ignore[attr-defined]
         with self.lock:
             self.live[token] = proc
         return proc
 
     def stop(self, proc: subprocess.Popen, grace_s: float = TERM_GRACE_S) -> None:
-        """Kill proc's whole group and every descendant carrying its token; then forget it."""
-        kill(proc, grace_s)
-        self.forget(proc)
+        """Kill proc's whole group and every descendant carrying its token; then forget it (kill's
+        last look found nothing of it: no second look)."""
+        self.forget(proc, gone=kill(proc, grace_s))
 
-    def forget(self, proc: subprocess.Popen) -> None:
-        """Drop proc's record: only once nothing of it is alive."""
+    def forget(self, proc: subprocess.Popen, gone: bool = False) -> None:
+        """Drop proc's record: only once nothing of it is alive (gone: the caller just looked)."""
         token = getattr(proc, "harness_token", None)
-        if token is None or members(pgid=proc.pid, token=token):
+        if token is None or (not gone and members(pgid=proc.pid, token=token,
+                                                  since=getattr(proc, "harness_since", None))):
             return
         with self.lock:
             self.live.pop(token, None)
