@@ -610,8 +610,10 @@ class AtenProgram:
         if [t for _, t in self.inputs].count(None) != 1:
             raise Unsafe("a model must take exactly one input (the bytes)")
         known = {name for name, _ in self.inputs}
-        self.nodes = []  # (operator, positional, keyword, output names)
+        self.nodes = []  # (operator, positional, keyword, output names, names let go after it)
         for node in graph["nodes"]:
+            if not str(node["target"]).startswith(OPERATOR_OK[0]):
+                raise Unsafe(f"a node that calls {str(node['target'])[:60]}, not an ATen operator")
             name, _, overload = node["target"][len(OPERATOR_OK[0]):].partition(".")
             op = getattr(getattr(torch.ops.aten, name), overload or "default")
             args, kwargs = [], {}
