@@ -22,6 +22,7 @@ column to keep it so.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -101,9 +102,11 @@ def baseline_flags(rows: list[dict[str, Any]]) -> list[bool]:
     return flags
 
 
-def experiment_flags(rows: list[dict[str, Any]]) -> list[bool]:
-    """Which rows are candidates after the baseline (see the module docstring)."""
-    return [r.get("status") not in NOT_EXPERIMENTS and not base for r, base in zip(rows, baseline_flags(rows))]
+def experiment_flags(rows: list[dict[str, Any]], baseline: list[bool] | None = None) -> list[bool]:
+    """Which rows are candidates after the baseline (see the module docstring); baseline: the rows'
+    baseline_flags, when the caller has them."""
+    baseline = baseline_flags(rows) if baseline is None else baseline
+    return [r.get("status") not in NOT_EXPERIMENTS and not base for r, base in zip(rows, baseline)]
 
 
 def experiment_mask(df: "pd.DataFrame") -> "pd.Series":
@@ -160,8 +163,8 @@ def headline(rows: list[dict[str, Any]], metric: str = "metric", direction: str 
     base = None if base_row is None else _value(base_row)
     best = None if best_row is None else _value(best_row)
     gain = improvement(direction, base, best)
-    flags = experiment_flags(rows)
-    exp = [r for r, m in zip(rows, flags) if m]
+    base_flags = baseline_flags(rows)
+    exp = [r for r, m in zip(rows, experiment_flags(rows, base_flags)) if m]
     counts: dict[str, int] = {}
     for r in exp:
         counts[str(r.get("status"))] = counts.get(str(r.get("status")), 0) + 1
@@ -179,12 +182,12 @@ def headline(rows: list[dict[str, Any]], metric: str = "metric", direction: str 
         improvement_pct=None if gain is None or not base else 100 * gain / abs(base),
         experiments=len(exp), counts=counts,
         keep_rate=counts.get("keep", 0) / len(exp) if exp else None,
-        failed_baselines=sum(1 for r, b in zip(rows, baseline_flags(rows)) if b and r.get("status") in FAILED),
+        failed_baselines=sum(1 for r, b in zip(rows, base_flags) if b and r.get("status") in FAILED),
         repeats=sum(1 for r in rows if r.get("status") == "repeat"),
         budget_stop=any(r.get("status") == "budget" for r in rows),
         input_tokens=int(sum(v for v in tokens["input_tokens"] if v is not None)),
         output_tokens=int(sum(v for v in tokens["output_tokens"] if v is not None)),
-        cost_usd=None if any(c is None for c in costs) else float(sum(costs)),
+        cost_usd=None if any(c is None for c in costs) else math.fsum(costs),  # correctly rounded: 4 x $0.025 is $0.1
         unknown_usage_calls=unknown,
         baseline_runs=None if base_row is None else _runs(base_row),
         best_runs=None if best_row is None else _runs(best_row),
