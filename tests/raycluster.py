@@ -185,3 +185,9 @@ def wait_for(what, timeout_s: float = 120.0, poll_s: float = 0.1):
             return value
         time.sleep(poll_s)
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def trained_rows(rows: list[dict]) -> list[dict]:
+    """The ledger rows whose candidate trained: with two slots, a candidate proposed on the old best
+    may conflict with the new one on rebase and is recorded without training (no node, no log)."""
+    return [r for r in rows if r.get("reason") != "rebase_conflict"]

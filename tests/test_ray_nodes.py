@@ -26,7 +26,7 @@ from harness.lifecycle import supervise
 from harness.cli import main  # noqa: E402
 
 from conftest import ROOT, FAKE_TRAIN, git, make_repo  # noqa: E402
-from raycluster import LocalCluster, kill_driver_and_workers, processes_under, wait_for  # noqa: E402
+from raycluster import LocalCluster, kill_driver_and_workers, processes_under, trained_rows, wait_for  # noqa: E402
 
 RUN_TIMEOUT_S = int(os.environ.get("RAY_TEST_TIMEOUT_S", 300))  # a whole night of sleep jobs on a loaded 2-core machine: wide
 
@@ -130,13 +130,15 @@ def test_a_night_on_two_nodes(tmp_path: Path, cluster):
     rows = ledger.read_rows(run_dir / "results.tsv")
     assert len(rows) == 6 and rows[0]["description"] == "baseline"
     assert sorted(r["iteration"] for r in rows) == list(range(6))
-    assert len({r["node"] for r in rows}) == 2  # the ledger names both nodes
-    for r in rows:  # each log streamed back into the run's logs/
+    trained = trained_rows(rows)
+    assert len({r["node"] for r in trained}) == 2  # the ledger names both nodes
+    assert all(not r["node"] for r in rows if r not in trained)
+    for r in trained:  # each log streamed back into the run's logs/
         log = run_dir / r["log"]
         assert log.parent == run_dir / "logs" and "fake training" in log.read_text()
     assert git(repo, "rev-parse", "autoresearch/two").startswith(ledger.best_row(rows)["commit"])
     ran = read_jobs(jobs, cluster)
-    assert len(ran) == 6 and {j["node"] for j in ran} == {"head", "b"}
+    assert len(ran) == len(trained) and {j["node"] for j in ran} == {"head", "b"}
     assert not overlaps(ran)  # one GPU a node: a job never shares its slot
     assert {j["gpu"] for j in ran} == {"0"}  # the GPU Ray gave the task
     assert not records(run_dir / "ray-tasks")
@@ -212,7 +214,7 @@ def test_ab_arms_on_the_cluster(tmp_path: Path, cluster):
     for arm in ("a", "b"):
         rows = ledger.read_rows(repo / "runs" / "ab" / arm / "results.tsv")
         assert sorted(r["iteration"] for r in rows) == [0, 1, 2]
-        assert all(r["node"] and r["arm"] == arm for r in rows)
+        assert all(r["node"] and r["arm"] == arm for r in trained_rows(rows)) and all(r["arm"] == arm for r in rows)
     assert (repo / "runs" / "ab" / "report.md").exists()
     assert not records(repo / "runs" / "ab" / "ray-tasks")
 
