@@ -110,13 +110,34 @@ class ScriptedResearcher:
         return Proposal(desc, agent_s=time.monotonic() - start)
 
 
+# The bundled model at the size the tests train it: one block of 64 channels (82K parameters)
+# instead of the CPU default's four of 128 (0.8M). The same train.py, export and evaluation (every
+# check, every probe call), at about 5 CPU-s per candidate instead of 8 (the evaluation's 48
+# forward calls shrink the most); the README's demo path (test_cli.py) keeps the default size.
+SMALL_MODEL = {"DEPTH": 1, "WIDTH": 64}
+
+
+def small_model(source: str) -> str:
+    """A bundled train.py's source with the tests' model size (SMALL_MODEL)."""
+    return set_globals(source, **SMALL_MODEL)
+
+
+def small_example(dest: Path) -> Path:
+    """`harness init --example` at dest, its model made small (SMALL_MODEL) in a second commit."""
+    from harness.commands.initrepo import init_example
+    repo = init_example(dest)
+    (repo / "train.py").write_text(small_model((repo / "train.py").read_text()))
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "the tests' model size")
+    return repo
+
+
 @pytest.fixture
 def work(tmp_path):
-    """A copy of the bundled workload, as the harness's worktree would hold it."""
+    """A copy of the bundled workload, as the harness's worktree would hold it (the tests' model size)."""
     work = tmp_path / "work"
     work.mkdir()
-    for name in ("train.py", "prepare.py"):
-        shutil.copy(ROOT / name, work / name)
+    (work / "train.py").write_text(small_model((ROOT / "train.py").read_text()))
+    shutil.copy(ROOT / "prepare.py", work / "prepare.py")
     shutil.copytree(ROOT / "data", work / "data")
     return work
 

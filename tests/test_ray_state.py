@@ -23,9 +23,8 @@ from harness.config.load import resolve  # noqa: E402
 from harness.executors import Job  # noqa: E402
 from harness.executors.ray_executor import RayExecutor  # noqa: E402
 from harness.gitgate import GitGate  # noqa: E402
-from harness.commands.initrepo import init_example  # noqa: E402
 
-from conftest import ScriptedResearcher, git, make_repo, set_globals  # noqa: E402
+from conftest import ScriptedResearcher, git, make_repo, set_globals, small_example  # noqa: E402
 from raycluster import LocalCluster  # noqa: E402
 
 TIME_BUDGET_S = 2  # s
@@ -111,7 +110,7 @@ EVALUATES_ITSELF = ('import json as _j, os as _o, sys as _s\n'  # a candidate's 
 def test_on_a_worker_the_evaluation_runs_from_the_baselines_protected_files(tmp_path: Path, cluster):
     """A job whose commit carries a prepare.py that would score it 0.0001 is scored by the
     baseline's prepare.py on the worker (shipped and checked by hash), as it is locally."""
-    repo = init_example(tmp_path / "example")  # the bundled workload: a separate, sandboxed evaluation
+    repo = small_example(tmp_path / "example")  # the bundled workload: a separate, sandboxed evaluation
     cfg = resolve(repo, "eval", ray_settings(cluster, time_budget=4, max_steps=3, sandbox="auto"))
     base = git(repo, "rev-parse", "HEAD")
     (repo / "prepare.py").write_text(EVALUATES_ITSELF + (repo / "prepare.py").read_text())

@@ -22,9 +22,8 @@ from harness.driver import loop as driver
 from harness import ledger
 from harness.workload import testsplit
 from harness.config.load import resolve
-from harness.commands.initrepo import init_example
 
-from conftest import FAKE_TRAIN, ScriptedResearcher, git, make_repo
+from conftest import FAKE_TRAIN, ScriptedResearcher, git, make_repo, small_example
 from fakes.helpers import harness
 
 MAX_STEPS = 5  # CPU steps: bit-identical from run to run
@@ -49,7 +48,7 @@ def figure_in(log: Path) -> float:
 def bundled(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OMP_NUM_THREADS", "1")
-        repo = init_example(tmp_path_factory.mktemp("testsplit") / "example")
+        repo = small_example(tmp_path_factory.mktemp("testsplit") / "example")
         cfg = resolve(repo, "night", night_settings(iterations=2))
         driver.run(cfg, researcher=ScriptedResearcher([BIGGER_BATCH, {"LOG_EVERY": 26}]))
         yield cfg

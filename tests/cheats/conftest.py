@@ -16,15 +16,14 @@ from pathlib import Path
 from typing import Callable
 
 from harness.agents import Proposal
-from harness.commands.initrepo import init_example
+from conftest import small_example
 
 TIME_BUDGET_S = 4  # s, the harness's budget; the cheats that overrun it train 4x that
 MAX_STEPS = 3  # honest runs stop here, in well under the budget
 
 
 def research_repo(root: Path) -> Path:
-    repo = init_example(root / "example")
-    return repo
+    return small_example(root / "example")
 
 
 def edit_train(task, description: str, fn) -> Proposal:
