@@ -224,3 +224,32 @@ def test_no_module_but_gitgate_runs_git():
                  for found in [git_calls(p.read_text())] if found}
     assert offenders == {}, offenders
     assert git_calls((HARNESS / "gitgate.py").read_text())  # the scan sees gitgate's own git
+
+
+def test_a_candidate_costs_few_git_commands_and_reads_nothing_twice(tmp_path):
+    """Every git a sequential candidate starts (GIT_TRACE: the ones git starts itself included),
+    from its tried ref to the next candidate's: within a bound, and without the repeats it once
+    had: its protected file read from git before and after the job, the worktree reset to the
+    parent twice with only reads between, the parent's train.py read again for every candidate.
+    A kept candidate costs one reset more: the run branch moves to it."""
+    repo = make_repo(tmp_path / "r")
+    trace = tmp_path / "git.trace"
+    done = night(repo, "g", {"GIT_TRACE": str(trace)})
+    assert done.returncode == 0, done.stderr
+    commands = [line.split("trace: built-in: git ", 1)[1] for line in trace.read_text().splitlines()
+                if "trace: built-in: git " in line]
+    starts = [i for i, c in enumerate(commands) if c.startswith("update-ref refs/autoresearch/g/tried/")]
+    assert len(starts) == 3, commands
+    status = {r["iteration"]: r["status"] for r in all_rows(repo, "g")}
+    for iteration, (a, b) in enumerate(zip(starts, starts[1:]), start=1):
+        row, kept = commands[a:b], status[iteration] == "keep"
+        assert len(row) <= GIT_PER_CANDIDATE + 2 * kept, "\n".join(row)
+        assert sum(c == "cat-file blob HEAD:prepare.py" for c in row) == 1, row
+        # the job's worktree to the candidate, the run's back to the parent (after a keep: the
+        # run's to the candidate, moving its branch, then to the candidate as the next one's parent)
+        assert sum(c.startswith("reset --hard") for c in row) == 2 + kept, row
+    shows = [c for c in commands if c.startswith("show ")]
+    assert shows and len(shows) == len(set(shows)), shows
+
+
+GIT_PER_CANDIDATE = 23  # 22 today for a discarded candidate (26 before the repeats went)

@@ -81,10 +81,9 @@ def rel(cfg: RunConfig, path: Path) -> str:
 # The parts
 
 
-def propose(ctx: Context, state: RunState, iteration: int, parent: str, note: str = "") -> Proposal:
-    """Reset the worktree to parent and ask the researcher for one change."""
+def propose(ctx: Context, state: RunState, iteration: int, note: str = "") -> Proposal:
+    """Ask the researcher for one change to the worktree (prepare_candidate has reset it to parent)."""
     cfg = ctx.cfg
-    ctx.wt.reset_hard(parent)
     rows = ledger.read_rows(cfg.ledger_path, copy=False)  # looked at, never changed
     text = prompt.render(
         ctx.program_text, metric=cfg.metric, direction=cfg.direction,
@@ -273,7 +272,7 @@ def prepare_candidate(ctx: Context, state: RunState, iteration: int, parent: str
                         "phase": "propose"}, ctx.journal)
     ctx.wt.reset_hard(parent)  # a lane's detached worktree may still be at its previous candidate
     before = guard.snapshot(ctx.wt, cfg.branch)
-    proposal = propose(ctx, state, iteration, parent, note)
+    proposal = propose(ctx, state, iteration, note)
     faults.point("after_propose")
     guard.clear_stale_lock(ctx.wt)
     git_reason = guard.git_problem(ctx.wt, cfg.branch, parent, cfg.editable, before)

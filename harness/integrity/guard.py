@@ -12,7 +12,9 @@ Protected files are compared by sha256 with the committed version before every t
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import re
 import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -199,15 +201,23 @@ def _sha(data: bytes | None) -> str | None:
     return None if data is None else hashlib.sha256(data).hexdigest()
 
 
-def protected_changes(worktree: Path, protected: tuple[str, ...], fix: bool) -> list[str]:
+def committed_protected(worktree: Path, protected: tuple[str, ...]) -> dict[str, bytes | None]:
+    """Each protected file's bytes as committed at the worktree's HEAD (None: no such file)."""
+    return {path: _committed(Path(worktree), path) for path in protected}
+
+
+def protected_changes(worktree: Path, protected: tuple[str, ...], fix: bool,
+                      committed: dict[str, bytes | None] | None = None) -> list[str]:
     """Protected files whose sha256 differs from the committed one (restored when fix).
 
     Kept commits can never change a protected file (the scope check refuses it), so the
-    committed version at HEAD is the baseline commit's.
+    committed version at HEAD is the baseline commit's. committed: those bytes as read before
+    (committed_protected), else read from git now.
     """
+    committed = committed if committed is not None else committed_protected(worktree, protected)
     changed = []
     for path in protected:
-        want = _committed(Path(worktree), path)
+        want = committed[path]
         target = Path(worktree) / path
         try:
             have = None if target.is_symlink() else target.read_bytes()
@@ -224,9 +234,12 @@ def protected_changes(worktree: Path, protected: tuple[str, ...], fix: bool) -> 
     return changed
 
 
-def before_training(run_dir: Path, worktree: Path, protected: tuple[str, ...], result_file: Path) -> None:
-    """Protected files as committed, no stale result file, no bytecode the job did not compile."""
-    restored = protected_changes(worktree, protected, fix=True)
+def before_training(run_dir: Path, worktree: Path, protected: tuple[str, ...],
+                    result_file: Path) -> dict[str, bytes | None]:
+    """Protected files as committed, no stale result file, no bytecode the job did not compile.
+    Returns the committed bytes, for after_training: read from git once, before the job starts."""
+    committed = committed_protected(worktree, protected)
+    restored = protected_changes(worktree, protected, fix=True, committed=committed)
     if restored:
         events.record(run_dir, "protected_restored", f"protected file(s) {', '.join(restored)} differed from "
                       f"the committed version before training; restored")
@@ -235,11 +248,15 @@ def before_training(run_dir: Path, worktree: Path, protected: tuple[str, ...], r
     for cache in Path(worktree).rglob("__pycache__"):  # a planted .pyc would replace prepare.py's code
         if ".git" not in cache.parts:
             shutil.rmtree(cache, ignore_errors=True)
+    return committed
 
 
-def after_training(run_dir: Path, worktree: Path, protected: tuple[str, ...], result: TrainResult) -> TrainResult:
-    """A job that rewrote a protected file is invalid, whatever it reported; the file is restored."""
-    changed = protected_changes(worktree, protected, fix=True)
+def after_training(run_dir: Path, worktree: Path, protected: tuple[str, ...], result: TrainResult,
+                   committed: dict[str, bytes | None] | None = None) -> TrainResult:
+    """A job that rewrote a protected file is invalid, whatever it reported; the file is restored.
+    committed: what before_training read (the bytes as committed before the job ran, so nothing
+    the job did to the checkout's git state moves them), else read from git now."""
+    changed = protected_changes(worktree, protected, fix=True, committed=committed)
     if not changed:
         return result
     events.record(run_dir, "protected_restored", f"the training job changed {', '.join(changed)}; restored")
@@ -256,6 +273,17 @@ def clear_stale_lock(wt: Worktree) -> bool:
     return False
 
 
+SHA1 = re.compile(r"[0-9a-f]{40}")
+
+
+@functools.lru_cache(maxsize=64)
+def _committed_text(git_dir: str, commit: str, path: str) -> str | None:
+    """path's text at commit (a full sha: its files never change), None where it has none; each
+    (commit, path) read from git once per process: the policy reads its parent's file every row."""
+    done = run_git(["show", f"{commit}:{path}"], git_dir, check=False, text=False)
+    return done.stdout.decode(errors="replace") if done.returncode == 0 else None
+
+
 def policy_problem(wt: Worktree, parent: str, editable: tuple[str, ...], metric: str,
                    protected: tuple[str, ...], sealed: bool) -> str | None:
     """The static policy (policy.py) over what the proposal adds to each editable .py file."""
@@ -266,10 +294,9 @@ def policy_problem(wt: Worktree, parent: str, editable: tuple[str, ...], metric:
         target = wt.path / path
         if not path.endswith(".py") or not target.is_file():
             continue
-        try:
-            old = wt.show(parent, path)
-        except Exception:  # git.GitCommandError: a file new in this proposal
-            old = ""
+        # a full sha's files never change: read once; a ref moves: read now; "" for a new file
+        old = (_committed_text if SHA1.fullmatch(parent) else _committed_text.__wrapped__)(
+            str(wt.repo.common_dir), parent, path) or ""
         new = target.read_text(errors="replace")
         for module in modules:
             found += [f for f in policy.problems(path, old, new, metric, module, sealed) if f not in found]
