@@ -17,6 +17,10 @@ if [ ${#missing[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)
 fi
 # The real researcher CLIs (codex, claude, gemini), pinned, into .cache/npm (not globally).
 bash scripts/install_clis.sh
-# Two workers (pytest-xdist): most tests wait on real processes. The Ray tests share one worker
-# (tests/conftest.py, SERIAL_GROUPS). HARNESS_TEST_WORKERS=0 runs everything in one process.
-exec "$PY" -m pytest -q -n "${HARNESS_TEST_WORKERS:-2}" --dist loadgroup "$@"
+# The harness's own modules compiled once: every `harness` process the tests start (hundreds) then
+# reads their bytecode, also where PYTHONDONTWRITEBYTECODE is set and nothing would cache it.
+"$PY" -m compileall -q harness >/dev/null
+# Three workers (pytest-xdist) on a two-core machine: the tests that wait (a researcher's timeout,
+# a server's start) leave a core to the others. The Ray tests share one worker (tests/conftest.py,
+# SERIAL_GROUPS). HARNESS_TEST_WORKERS=0 runs everything in one process.
+exec "$PY" -m pytest -q -n "${HARNESS_TEST_WORKERS:-3}" --dist loadgroup "$@"

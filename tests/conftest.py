@@ -15,7 +15,7 @@ from harness.agents import Proposal, Task
 
 ROOT = Path(__file__).resolve().parent.parent
 # One thread per torch job (the real train.py and its evaluator, here and in every subprocess and Ray
-# node the tests start): two workers share two cores, and a job's spinning OpenMP threads on a busy
+# node the tests start): three workers share two cores, and a job's spinning OpenMP threads on a busy
 # core make a few CPU steps take many seconds. Set before any test starts a process.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 FAKE_TRAIN = (Path(__file__).parent / "fake_train.py").read_text()
@@ -122,11 +122,16 @@ def small_model(source: str) -> str:
     return set_globals(source, **SMALL_MODEL)
 
 
-def small_example(dest: Path) -> Path:
-    """`harness init --example` at dest, its model made small (SMALL_MODEL) in a second commit."""
+def small_example(dest: Path, test_split: bool = True) -> Path:
+    """`harness init --example` at dest, its model made small (SMALL_MODEL) in a second commit;
+    without its test_command unless test_split (no end-of-night training of the baseline again
+    for the test split: tests/test_testsplit.py and tests/cheats/test_cheats_testsplit.py have it)."""
     from harness.commands.initrepo import init_example
     repo = init_example(dest)
     (repo / "train.py").write_text(small_model((repo / "train.py").read_text()))
+    if not test_split:
+        toml = repo / "harness.toml"
+        toml.write_text("".join(line for line in toml.read_text().splitlines(True) if not line.startswith("test_command")))
     git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "the tests' model size")
     return repo
 
@@ -148,7 +153,7 @@ def work(tmp_path):
 # the built wheel. The tests that start a Ray cluster share one worker too, one after another (a
 # head binds fixed ports besides its own, and two clusters at once would take both cores).
 # First match wins: test_cheats_ray is Ray's. Each other cheat module is a group of its own (its own
-# module-scoped runs), so two of them can run on the two workers at once; so is any other module
+# module-scoped runs), so several of them can run on the workers at once; so is any other module
 # whose tests share a module-scoped fixture (_shares_a_module_fixture).
 SERIAL_GROUPS = {"ray": ("test_ray", "test_cheats_ray"), "cheats": ("test_cheats",), "install": ("test_install",)}
 OWN_GROUP = ("test_cheats_",)  # within "cheats": the module's own name is its group

@@ -22,8 +22,9 @@ TIME_BUDGET_S = 4  # s, the harness's budget; the cheats that overrun it train 4
 MAX_STEPS = 3  # honest runs stop here, in well under the budget
 
 
-def research_repo(root: Path) -> Path:
-    return small_example(root / "example")
+def research_repo(root: Path, test_split: bool = False) -> Path:
+    """The bundled workload at the tests' model size; no test split but where a module tests it."""
+    return small_example(root / "example", test_split)
 
 
 def edit_train(task, description: str, fn) -> Proposal:

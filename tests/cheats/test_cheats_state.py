@@ -123,10 +123,8 @@ def night(tmp_path_factory):
     the baseline. The last cheat leaves run.json deleted as the night ends."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OMP_NUM_THREADS", "1")  # one thread per job, as in test_cheats.py
+        # no test split (research_repo): no jobs after the last proposal, whose deletions must stay seen
         repo = research_repo(tmp_path_factory.mktemp("cheats-state"))
-        toml = repo / "harness.toml"  # no test-split jobs after the last proposal: its deletions must stay seen
-        toml.write_text("".join(line for line in toml.read_text().splitlines(True) if not line.startswith("test_command")))
-        git(repo, "commit", "-qam", "no test split for this night")
         cfg = resolve(repo, "state", settings(len(CHEATS)))
         held: dict[str, bytes] = {}
 

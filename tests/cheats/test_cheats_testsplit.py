@@ -181,7 +181,7 @@ def night(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OMP_NUM_THREADS", "1")
         root = tmp_path_factory.mktemp("testsplit-cheats")
-        repo = research_repo(root)
+        repo = research_repo(root, test_split=True)
         marker = marker_of_the_test_split(repo)
         script, plan = root / "researcher.py", root / "plan.json"
         script.write_text(RESEARCHER)
