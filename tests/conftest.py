@@ -54,6 +54,25 @@ def alive(pid: int) -> bool:
         return False
 
 
+def own_cgroups(root: Path = Path("/sys/fs/cgroup")) -> list[Path]:
+    """The cgroups this process made for its jobs (limits.py names them harness-PID-...) still
+    there: made since it started (an earlier process with its PID, killed, may have left its own).
+    Walked with os.walk, which skips a folder gone meanwhile: the other workers' jobs make and
+    remove theirs as this looks."""
+    import psutil
+    mine, since = f"harness-{os.getpid()}-", psutil.Process().create_time() - 1
+    found = []
+    for top, dirs, _ in os.walk(root):
+        for d in dirs:
+            if d.startswith(mine):
+                try:
+                    if os.stat(Path(top) / d).st_ctime >= since:
+                        found.append(Path(top) / d)
+                except OSError:  # removed as this looked
+                    pass
+    return found
+
+
 def set_globals(source: str, **values) -> str:
     """Rewrite `NAME = ...` lines of a train.py source."""
     for name, value in values.items():

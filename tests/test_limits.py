@@ -16,7 +16,7 @@ from harness.config.load import resolve
 from harness.executors import evaluation, limits, scoring
 from harness.workload.runner import TrainResult, run_training
 
-from conftest import git, make_repo
+from conftest import git, make_repo, own_cgroups
 
 PY = sys.executable
 MB = 1 << 20
@@ -41,7 +41,7 @@ needs_cgroup = pytest.mark.skipif(not cgroups_here(), reason="no writable cgroup
 
 
 def leftover_cgroups() -> list[Path]:
-    return [p for p in limits.CGROUP_ROOT.rglob(f"harness-{os.getpid()}-*") if p.is_dir()]
+    return own_cgroups(limits.CGROUP_ROOT)
 
 
 @needs_cgroup

@@ -6,9 +6,7 @@ the branch never moves, nothing is left running, and the supervisor does not gro
 flood (it reads only the log's tail)."""
 from __future__ import annotations
 
-import os
 import resource
-from pathlib import Path
 
 import pytest
 
@@ -16,7 +14,7 @@ from harness.driver import loop as driver
 from harness import ledger
 from harness.config.load import resolve
 
-from conftest import ScriptedResearcher, git
+from conftest import ScriptedResearcher, git, own_cgroups
 
 from .conftest import MAX_STEPS, TIME_BUDGET_S, after_imports, append, code_cheat, research_repo
 from .test_cheats import check_nothing_left
@@ -103,7 +101,7 @@ def test_the_flood_left_a_capped_log_and_a_small_supervisor(night):
 
 def test_nothing_of_a_cheat_is_left_running_or_outside(night):
     check_nothing_left()
-    assert [p for p in Path("/sys/fs/cgroup").rglob(f"harness-{os.getpid()}-*") if p.is_dir()] == []  # removed
+    assert own_cgroups() == []  # removed
 
 
 def test_cheats_tried_and_kept(night, capsys):
