@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import resource
+import subprocess
 import sys
 import threading
 import time
@@ -252,3 +253,33 @@ def test_the_flags_reach_the_run_settings(tmp_path):
         512, 7, 0, 3, 9.0)
     with pytest.raises(Exception, match="--job-pids.*integer >= 0"):
         cli.build_config(repo, "t", job_pids=-1)
+
+
+MAKE_AND_WAIT = ("import sys, time\nfrom harness.executors import limits\n"
+                 "group = limits.Cgroup.make(limits.Limits(memory_mb=64, pids=64))\n"
+                 "print(*sorted({str(p) for p in group.dirs.values()}), flush=True)\ntime.sleep(120)\n")
+
+
+@needs_cgroup
+def test_a_killed_supervisors_job_cgroups_are_removed_by_the_next_harness_process(tmp_path):
+    """A supervisor killed with SIGKILL never removes its jobs' cgroups; the next harness process
+    removes them before it makes its first (once), and leaves a live one's alone."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    killed, live = (subprocess.Popen([PY, "-c", MAKE_AND_WAIT], stdout=subprocess.PIPE, text=True, env=env)
+                    for _ in range(2))
+    try:
+        left, held = (proc.stdout.readline().split() for proc in (killed, live))
+        killed.kill()
+        killed.wait()
+        assert left and all(Path(p).is_dir() for p in left)  # what a SIGKILL leaves
+        done = subprocess.run([PY, "-c", "from harness.executors import limits\n"
+                                         "limits.Cgroup.make(limits.Limits(memory_mb=64, pids=64)).remove()"],
+                              env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert not any(Path(p).exists() for p in left)
+        assert held and all(Path(p).is_dir() for p in held)  # its supervisor is alive
+    finally:
+        live.kill()
+        live.wait()
+    limits.sweep_stale(limits._own_paths())
+    assert not any(Path(p).exists() for p in held)

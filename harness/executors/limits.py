@@ -145,6 +145,42 @@ def _number(path: Path) -> int:
     return 0
 
 
+STALE = re.compile(r"harness-(\d+)-[0-9a-f]{12}")  # Cgroup.make's names: the supervisor's PID
+_swept = threading.Event()  # this process has removed the groups of dead supervisors once
+
+
+def sweep_stale(own: dict[str, str]) -> list[Path]:
+    """Remove the empty job cgroups of harness processes that are gone: a supervisor killed with
+    SIGKILL never removes its jobs' groups (recovery stops their processes on --resume; the empty
+    groups stayed, one per job, for good). Only where the PID in the name is no process now (a
+    live one may be making its group this moment) and the group is empty (rmdir refuses one that
+    is not). The folders removed."""
+    removed = []
+    mounts = [CGROUP_ROOT] if (CGROUP_ROOT / "cgroup.controllers").exists() else \
+        [CGROUP_ROOT / c for c in ("memory", "pids", "cpuacct")]
+    for mount in mounts:
+        key = "" if mount == CGROUP_ROOT else mount.name
+        for parent in {mount / own.get(key, "/").lstrip("/"), mount}:
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(parent):
+                    found = STALE.fullmatch(entry.name)
+                    if found and entry.is_dir(follow_symlinks=False) and not _alive(int(found.group(1))):
+                        with contextlib.suppress(OSError):
+                            os.rmdir(entry.path)
+                            removed.append(Path(entry.path))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class Cgroup:
     """One job's cgroup: dirs per controller ("memory", "pids"; v2: one dir for both)."""
 
@@ -156,6 +192,9 @@ class Cgroup:
         """The cgroup for limits' memory and pids bounds and for the job's CPU accounting (the
         budget's judge reads it: executors/budget.py), or None where none can be made here."""
         name, own = f"harness-{os.getpid()}-{uuid.uuid4().hex[:12]}", _own_paths()
+        if not _swept.is_set():  # once per process: what a killed predecessor left
+            _swept.set()
+            sweep_stale(own)
         if (CGROUP_ROOT / "cgroup.controllers").exists():
             group = cls._make_v2(name, own.get("", "/"), limits)
         else:
