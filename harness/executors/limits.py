@@ -28,6 +28,8 @@ import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..lifecycle import supervise
+
 
 MB = 1 << 20  # bytes
 MEMORY_FRACTION = 0.5  # of MemTotal, per job: a runaway job leaves the machine (and its supervisor) alive
@@ -164,21 +166,11 @@ def sweep_stale(own: dict[str, str]) -> list[Path]:
             with contextlib.suppress(OSError):
                 for entry in os.scandir(parent):
                     found = STALE.fullmatch(entry.name)
-                    if found and entry.is_dir(follow_symlinks=False) and not _alive(int(found.group(1))):
+                    if found and entry.is_dir(follow_symlinks=False) and not supervise.alive(int(found.group(1))):
                         with contextlib.suppress(OSError):
                             os.rmdir(entry.path)
                             removed.append(Path(entry.path))
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Cgroup:
