@@ -385,9 +385,6 @@ class Worktree:
         out = self.repo.git.rev_list("--first-parent", "--reverse", f"{base}..{ref}")
         return [self.resolve(base), *out.split()]
 
-    def show(self, commit: str, path: str) -> str:
-        return self.repo.git.show(f"{commit}:{path}")
-
     def file_at(self, commit: str, path: str) -> bytes | None:
         """The exact bytes of the file path at commit, or None where it is no file there."""
         found = [sha for name, sha in tree_blobs(self.repo, commit, (path,)) if name == path.strip("/")]

@@ -192,8 +192,9 @@ def restore(wt: Worktree, branch: str, parent: str, snap: Snapshot) -> list[str]
 # Protected files around a training run
 
 
-def _committed(worktree: Path, path: str) -> bytes | None:
-    out = run_git(["cat-file", "blob", f"HEAD:{path}"], worktree, check=False, text=False)
+def _committed(worktree: Path | str, path: str, rev: str = "HEAD") -> bytes | None:
+    """path's bytes as committed at rev, None where it has none."""
+    out = run_git(["cat-file", "blob", f"{rev}:{path}"], worktree, check=False, text=False)
     return out.stdout if out.returncode == 0 else None
 
 
@@ -277,11 +278,10 @@ SHA1 = re.compile(r"[0-9a-f]{40}")
 
 
 @functools.lru_cache(maxsize=64)
-def _committed_text(git_dir: str, commit: str, path: str) -> str | None:
-    """path's text at commit (a full sha: its files never change), None where it has none; each
-    (commit, path) read from git once per process: the policy reads its parent's file every row."""
-    done = run_git(["show", f"{commit}:{path}"], git_dir, check=False, text=False)
-    return done.stdout.decode(errors="replace") if done.returncode == 0 else None
+def _committed_at_sha(git_dir: str, commit: str, path: str) -> bytes | None:
+    """_committed at a full sha, whose files never change: each (commit, path) read from git once
+    per process (the policy reads its parent's file for every candidate)."""
+    return _committed(git_dir, path, commit)
 
 
 def policy_problem(wt: Worktree, parent: str, editable: tuple[str, ...], metric: str,
@@ -294,9 +294,10 @@ def policy_problem(wt: Worktree, parent: str, editable: tuple[str, ...], metric:
         target = wt.path / path
         if not path.endswith(".py") or not target.is_file():
             continue
-        # a full sha's files never change: read once; a ref moves: read now; "" for a new file
-        old = (_committed_text if SHA1.fullmatch(parent) else _committed_text.__wrapped__)(
-            str(wt.repo.common_dir), parent, path) or ""
+        # a ref moves: read now; b"" for a file new in this proposal
+        data = (_committed_at_sha(str(wt.repo.common_dir), parent, path) if SHA1.fullmatch(parent)
+                else _committed(wt.path, path, parent))
+        old = (data or b"").decode(errors="replace")
         new = target.read_text(errors="replace")
         for module in modules:
             found += [f for f in policy.problems(path, old, new, metric, module, sealed) if f not in found]
