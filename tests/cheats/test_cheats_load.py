@@ -23,7 +23,7 @@ from conftest import ScriptedResearcher, make_repo, set_globals
 
 TRAINER = '''import os, time
 OVER = 1  # the cheat trains this many budgets
-STARTUP = 50_000_000  # a fixed amount of start-up work: about 5 s on a free CPU
+STARTUP = 50_000_000  # a fixed amount of start-up work: about 1.5 s on a free CPU
 
 
 def work(n):
@@ -44,7 +44,7 @@ print("---")
 print(f"val_bpb: {1.0 + 100.0 / (100 + steps):.6f}")
 print(f"training_seconds: {min(time.time() - start, budget):.1f}")  # the cheat says it kept to its budget
 '''
-BUDGET_S = 8
+BUDGET_S = 4  # the honest job on the busy CPU runs about 1.7x its wall limit, the cheat's 16 s about 2x
 BURNERS = 6
 BURN = "import time\nend = time.time() + 120\nwhile time.time() < end:\n    pass\n"  # bounded, whatever happens
 
