@@ -20,6 +20,7 @@ import pytest
 
 from harness.driver import loop as driver
 from harness import ledger
+from harness.executors import warm
 from harness.workload import testsplit
 from harness.config.load import resolve
 
@@ -44,10 +45,17 @@ def figure_in(log: Path) -> float:
 # The bundled workload
 
 
+READIED: list[str] = []  # the bundled night's warm interpreters (executors/warm.py): one per job after the first
+HANDED: list[str] = []  # ... and those handed a job
+
+
 @pytest.fixture(scope="module")
 def bundled(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OMP_NUM_THREADS", "1")
+        start, hand_over = warm.start, warm.Warm.hand_over
+        mp.setattr(warm, "start", lambda *a, **k: READIED.append(str(a[1])) or start(*a, **k))
+        mp.setattr(warm.Warm, "hand_over", lambda self, *a, **k: HANDED.append(str(a[2])) or hand_over(self, *a, **k))
         repo = small_example(tmp_path_factory.mktemp("testsplit") / "example")
         cfg = resolve(repo, "night", night_settings(iterations=2))
         driver.run(cfg, researcher=ScriptedResearcher([BIGGER_BATCH, {"LOG_EVERY": 26}]))
@@ -71,6 +79,16 @@ def test_a_night_scores_the_baseline_and_the_best_on_the_test_split_once(bundled
         assert t["note"] == ""
     assert "sandbox" in json.loads((cfg.run_dir / "run.json").read_text()) and \
         json.loads((cfg.run_dir / "run.json").read_text())["sandbox"] == "bwrap"
+
+
+def test_each_job_after_the_first_starts_warm_and_none_is_readied_after_the_last(bundled):
+    """Five jobs: the baseline, two candidates, the two test-split jobs (whose start is not the
+    candidates': the first is cold). An interpreter is readied only for a job that uses it: none
+    after the last candidate, none after the last test job (the run foresees no successor)."""
+    rows = ledger.read_rows(bundled.ledger_path)
+    assert [r["start"] for r in rows] == ["cold", "warm", "warm"]
+    assert len(READIED) == 3 and len(HANDED) == 3, (READIED, HANDED)
+    assert HANDED[-1].endswith(f"test-{testsplit.read(bundled.run_dir)[-1]['commit'][:12]}.log"), HANDED
 
 
 def test_the_ledger_keeps_its_columns_and_no_decision_saw_a_test_figure(bundled):

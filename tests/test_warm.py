@@ -232,14 +232,23 @@ def test_closing_the_executor_stops_the_waiting_interpreter(warm_repo, shown, mo
 
 
 @needs_bwrap
-def test_a_night_hands_its_candidates_to_warm_interpreters_and_the_ledger_says_so(warm_repo, shown, monkeypatch):
+@pytest.mark.parametrize("pipeline", [False, True], ids=["sequential", "pipelined"])
+def test_a_night_hands_its_candidates_to_warm_interpreters_and_the_ledger_says_so(warm_repo, shown, monkeypatch,
+                                                                                   pipeline):
     monkeypatch.setenv("WARM_SHOWN", str(shown))
-    edits = [{"VALUE": v} for v in (0.9, 0.8, 0.7)]  # globals the trainer does not use: three candidates
-    cfg = resolve(warm_repo, "night", {"iterations": 3, "baseline_runs": 1, "gate": "strict", "policy": False})
+    started = []  # every interpreter a slot readied
+    real_start = warm.start
+    monkeypatch.setattr(warm, "start", lambda *a, **k: started.append(a[1]) or real_start(*a, **k))
+    # three candidates, none kept: pipelined, none is rebased onto a new best (trained on the best it had)
+    edits = [{"VALUE": v} for v in (1.1, 1.2, 1.3)]
+    cfg = resolve(warm_repo, "night", {"iterations": 3, "baseline_runs": 1, "gate": "strict", "policy": False,
+                                       "pipeline": pipeline})
     driver.run(cfg, researcher=ScriptedResearcher(edits))
     rows = ledger.read_rows(cfg.ledger_path)
     events = (cfg.run_dir / "events.log").read_text() if (cfg.run_dir / "events.log").exists() else ""
     assert [r["start"] for r in rows] == ["cold", "warm", "warm", "warm"], events
+    # one for each candidate, none after the last: the run foresaw no job after it (Job.successor)
+    assert len(started) == 3, started
     off = resolve(warm_repo, "cold", {"iterations": 1, "baseline_runs": 1, "gate": "strict", "policy": False,
                                       "warm_start": False})
     driver.run(off, researcher=ScriptedResearcher([{"VALUE": 0.5}]))

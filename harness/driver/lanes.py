@@ -230,8 +230,22 @@ class Lanes:
     def start_training(self, ctx: Context, cand: Candidate, resumed: bool = False) -> Training:
         st = self.state
         cand.best_before = st.best_value
-        return Training(cand, ctx, spawn(first_run, ctx, cand, self.cancel, name=f"train-{cand.iteration}"),
+        return Training(cand, ctx, spawn(first_run, ctx, cand, self.cancel, self.successor(),
+                                         name=f"train-{cand.iteration}"),
                         st.best_runs, st.sigma, resumed=resumed)
+
+    def successor(self) -> bool:
+        """Does the run foresee another candidate's job after the one it hands the executor now? Not
+        when it will propose nothing more (its --iterations or its step used, or a stop) and no other
+        proposal is under way. A hint for the slot's warm start (executors.Job.successor): a job it
+        did not foresee (a confirmation, a rebased candidate, a health re-run) starts cold, as the
+        end's test-split jobs do anyway (their start differs: docs/pipeline.md)."""
+        cfg, policy = self.cfg, self.policy
+        if any(lane.proposing is not None or lane.queued is not None for lane in self.lanes):
+            return True
+        return not (self.stopped or self.cancel.is_set()
+                    or (self.steps is not None and policy.proposed - self.started_with >= self.steps)
+                    or (cfg.iterations is not None and policy.proposed >= cfg.iterations))
 
     def journal(self, lane: Lane, ctx: Context, cand: Candidate) -> None:
         write_journal(ctx.cfg, cand.journal_entry(lane=lane.index), ctx.journal)

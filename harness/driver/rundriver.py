@@ -218,7 +218,7 @@ class RunDriver(Lanes, Judge, Stop):
                 wanted = self.tests.end_points()
                 if wanted and self.tests.unscored(wanted):
                     self.task = spawn(self.tests.score_points, wanted, ledger.read_rows(self.cfg.ledger_path),
-                                      name=f"test-{self.cfg.tag}")
+                                      True, name=f"test-{self.cfg.tag}")
 
     def follow_slots(self) -> None:
         """One lane per slot of the executor, live: a node that joins the cluster gets lanes (new, or

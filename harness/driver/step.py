@@ -142,15 +142,16 @@ def preflight(ctx: Context) -> str | None:
 
 
 def train(ctx: Context, commit: str, log_path: Path, seed: int, cancel: threading.Event | None = None,
-          iteration: int | None = None) -> TrainResult:
-    """Train commit once on the run's executor (cancel set, or Ctrl-C while waiting = KeyboardInterrupt).
+          iteration: int | None = None, successor: bool = True) -> TrainResult:
+    """Train commit once on the run's executor (cancel set, or Ctrl-C while waiting = KeyboardInterrupt);
+    successor: whether the run foresees another job after it (executors.Job.successor).
 
     The Job carries the run's trusted baseline from the supervisor's memory (ctx.trusted); a
     trusted file changed since the last job (a researcher's doing) is restored and the job refused."""
     refused = ctx.trusted.refused(log_path) if ctx.trusted is not None else None
     if refused is not None:
         return refused
-    job = Job(ctx.cfg, commit, seed, log_path, iteration=iteration,
+    job = Job(ctx.cfg, commit, seed, log_path, iteration=iteration, successor=successor,
               **(ctx.trusted.job_fields(commit) if ctx.trusted is not None else {}))
     if cancel is not None:
         job.cancel.follow(cancel)

@@ -30,8 +30,10 @@ class FirstRun:
     failure: Row | None = None  # a preflight crash or a run that did not end `ok`
 
 
-def first_run(ctx: Context, cand: Candidate, cancel: threading.Event | None = None) -> FirstRun:
-    """Preflight and train cand once (a worker's part: it decides nothing, writes no row)."""
+def first_run(ctx: Context, cand: Candidate, cancel: threading.Event | None = None,
+              successor: bool = True) -> FirstRun:
+    """Preflight and train cand once (a worker's part: it decides nothing, writes no row); successor:
+    the loop foresees another job after it (executors.Job.successor)."""
     cfg, description = ctx.cfg, cand.description
     train_log = cfg.logs_dir / f"iter-{cand.iteration:04d}.log"
     problem = preflight(ctx)
@@ -39,7 +41,8 @@ def first_run(ctx: Context, cand: Candidate, cancel: threading.Event | None = No
         train_log.write_text(problem + "\n")
         return FirstRun(None, train_log, cand.row(ctx, "crash", f"{description} [{problem}]", log=train_log,
                                                            reason=problem))
-    result = train(ctx, cand.commit, train_log, cfg.seed, cancel=cancel, iteration=cand.iteration)
+    result = train(ctx, cand.commit, train_log, cfg.seed, cancel=cancel, iteration=cand.iteration,
+                   successor=successor)
     if result.status != "ok":
         return FirstRun(result, train_log, cand.row(ctx, result.status, f"{description} [{result.reason}]",
                                                     result, train_log))

@@ -236,8 +236,9 @@ class LocalExecutor(ThreadedExecutor):
         return None
 
     def _warm_next(self, slot: Slot, job: Job) -> None:
-        """The slot's job runs: ready the next one's interpreter in the spare worktree, beside it."""
-        if self.closed or not warm.eligible(job.cfg):
+        """The slot's job runs: ready the next one's interpreter in the spare worktree, beside it
+        (not after a job its run foresees no successor of: one would import and read for nothing)."""
+        if self.closed or not job.successor or not warm.eligible(job.cfg):
             return
         try:
             slot.warming = self.warmer.submit(self._warm_up, slot, job)

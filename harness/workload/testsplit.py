@@ -161,17 +161,23 @@ class Scorer:
         return [w for w in [(base, "baseline", 0), *wanted]
                 if w[0] and scored(read_or_restart(self.cfg.run_dir), w[0]) is None]
 
-    def score_points(self, wanted: list[tuple[str, str, int]], rows: list[dict[str, Any]]) -> None:
-        """The baseline, then each (commit, point, keeps) of wanted, unless already scored."""
+    def score_points(self, wanted: list[tuple[str, str, int]], rows: list[dict[str, Any]], final: bool = False) -> None:
+        """The baseline, then each (commit, point, keeps) of wanted, unless already scored; final: the
+        run's end (its last job foresees no successor: executors.Job.successor)."""
         base = self.state.baseline_commit
+        have = read_or_restart(self.cfg.run_dir)
+        todo: list[tuple[str, str, int]] = []
         for commit, point, keeps in [(base, "baseline", 0), *wanted]:
-            if not commit or self.cancel.is_set():
-                continue
-            if scored(read_or_restart(self.cfg.run_dir), commit) is not None:
-                continue
-            self.score(commit, "baseline" if _same(commit, base) else point, rows, 0 if _same(commit, base) else keeps)
+            if commit and scored(have, commit) is None and not any(_same(commit, c) for c, _, _ in todo):
+                todo.append((commit, point, keeps))
+        for k, (commit, point, keeps) in enumerate(todo):
+            if self.cancel.is_set():
+                return
+            self.score(commit, "baseline" if _same(commit, base) else point, rows, 0 if _same(commit, base) else keeps,
+                       successor=not final or k < len(todo) - 1)
 
-    def score(self, commit: str, point: str, rows: list[dict[str, Any]], keeps: int) -> dict[str, Any]:
+    def score(self, commit: str, point: str, rows: list[dict[str, Any]], keeps: int,
+              successor: bool = True) -> dict[str, Any]:
         from ..driver.step import train  # the run's executor, its trusted baseline
 
         cfg = self.cfg
@@ -181,7 +187,8 @@ class Scorer:
         self.say(f"training {commit[:12]} ({point}) once more with seed {seed}, to score it on the test split ...")
         ctx = replace(self.ctx, cfg=replace(cfg, score_test=True))
         iteration = int(row.get("iteration") or 0) if row else 0
-        result = train(ctx, commit, log, seed, cancel=self.cancel, iteration=iteration)  # a stop: KeyboardInterrupt
+        result = train(ctx, commit, log, seed, cancel=self.cancel, iteration=iteration,  # a stop: KeyboardInterrupt
+                       successor=successor)
         figure = result.test_metrics.get(cfg.metric) if result.status == "ok" else None
         note = "" if figure is not None else (result.test_metrics.get("error") or result.reason
                                                or f"the job ended {result.status}")
