@@ -22,6 +22,6 @@ bash scripts/install_clis.sh
 "$PY" -m compileall -q harness >/dev/null
 # Four workers (pytest-xdist) on a two-core machine: the tests that wait (a researcher's timeout,
 # a server's start, a sleeping trainer) leave the cores to the others; with three, the CPU stood
-# idle for 14% of the run (the waiting tests of three workers met), with four for 5%. The Ray tests share one worker (tests/conftest.py,
-# SERIAL_GROUPS). HARNESS_TEST_WORKERS=0 runs everything in one process.
+# idle for 14% of the run (the waiting tests of three workers met), with four for 5%. The Ray
+# tests share one worker (tests/conftest.py, SERIAL_GROUPS). HARNESS_TEST_WORKERS=0 runs everything in one process.
 exec "$PY" -m pytest -q -n "${HARNESS_TEST_WORKERS:-4}" --dist loadgroup "$@"
