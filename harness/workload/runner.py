@@ -40,7 +40,7 @@ class TrainResult:
     cpu_s: float | None = None  # CPU seconds of the job's whole process tree (its cgroup's accounting); None = not measured
     idle_cpus: float | None = None  # mean CPUs the machine left idle while it ran (/proc/stat), of `cpus`
     cpus: int = 0  # the CPUs it could run on
-    stall_s: float | None = None  # s its most-delayed thread waited on a run queue (limits.Stalls)
+    stall_s: float | None = None  # s its most-delayed thread waited on a run queue (cpuload.Stalls)
     gpu_s: float | None = None  # GPU seconds its processes' kernels ran (NVML, gputime.py); None = not measured
     gpu_others_s: float | None = None  # GPU seconds other processes' kernels ran on its devices meanwhile
     test_metrics: dict = field(default_factory=dict)  # a test job's figure on the test split (never decides)
@@ -159,13 +159,14 @@ def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, m
     unused. on_start: called once the job's process runs (the local executor readies the next job's interpreter then).
     """
     from ..executors import limits as bounds  # executors/ imports this module: bound here, not at import
+    from ..executors.cpuload import Stalls, idle_cpus, idle_ticks
     from ..executors.gputime import GpuTime, cgroup_pids
     limits = limits or bounds.Limits()
     argv = shlex.split(command)
     argv = wrap(argv) if wrap is not None and started is None else argv
     log_path.parent.mkdir(parents=True, exist_ok=True)
     group = started.group if started is not None else bounds.Cgroup.make(limits)
-    idle_before = bounds.idle_ticks()
+    idle_before = idle_ticks()
     start = time.monotonic()
     try:
         if started is not None:
@@ -183,7 +184,7 @@ def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, m
         if on_start is not None:
             on_start()
         faults.point("during_train")  # tests: the supervisor dies while the job runs
-        watch, stalls = bounds.Watch(limits, start, log_path), bounds.Stalls(group)
+        watch, stalls = bounds.Watch(limits, start, log_path), Stalls(group)
         gpu_time = GpuTime(env.get("CUDA_VISIBLE_DEVICES"),
                            cgroup_pids(group.procs_files() if group else [], proc.pid)) if gpu else None
         try:
@@ -203,8 +204,8 @@ def run_training(command: str, cwd: Path, env: dict[str, str], log_path: Path, m
         if group is not None:
             group.remove()
     train_s = time.monotonic() - start
-    idle_after = bounds.idle_ticks()
-    used = {"cpu_s": cpu_s, "idle_cpus": bounds.idle_cpus(idle_before, idle_after, train_s),
+    idle_after = idle_ticks()
+    used = {"cpu_s": cpu_s, "idle_cpus": idle_cpus(idle_before, idle_after, train_s),
             "cpus": idle_after[1] if idle_after else 0, "stall_s": stalls.max_s,
             "gpu_s": gpu_time.gpu_s if gpu_time else None, "gpu_others_s": gpu_time.others_s if gpu_time else None}
     used["start"] = "warm" if started is not None else "cold"
@@ -229,7 +230,7 @@ def _wait(proc: subprocess.Popen, log_path: Path, watch: Watch, start: float, ki
           stall_after_s: float | None, cancel: threading.Event | None,
           samplers: tuple = ()) -> tuple[str | None, str]:
     """Poll the job until it exits (None, "") or must be killed: (status, reason). samplers
-    (limits.Stalls, gputime.GpuTime) look at it at every poll."""
+    (cpuload.Stalls, gputime.GpuTime) look at it at every poll."""
     last_size, last_change = 0, start
     while True:
         for sampler in samplers:
