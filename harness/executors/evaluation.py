@@ -203,7 +203,7 @@ def train_job(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
         result = job_outcome(result, log_path)
     elif result.status != "invalid":  # a bound the job ran into (limits.py) stays its verdict
         result = seal.judge(result, result_file, ch.key, cfg.metric, cfg.time_budget)
-    result = guard.after_training(cfg.run_dir, worktree, cfg.protected, result, committed)
+    result = guard.after_training(cfg.run_dir, worktree, result, committed)
     judged = within_budget(cfg, result, allowance_s, baseline_cpu_s, on_gpu, baseline_gpu_s)
     if judged.reason != result.reason:  # the whole verdict, figures included, where the row's cut one points
         with open(log_path, "a", encoding="utf-8") as log:

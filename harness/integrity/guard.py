@@ -207,18 +207,12 @@ def committed_protected(worktree: Path, protected: tuple[str, ...]) -> dict[str,
     return {path: _committed(Path(worktree), path) for path in protected}
 
 
-def protected_changes(worktree: Path, protected: tuple[str, ...], fix: bool,
-                      committed: dict[str, bytes | None] | None = None) -> list[str]:
-    """Protected files whose sha256 differs from the committed one (restored when fix).
-
-    Kept commits can never change a protected file (the scope check refuses it), so the
-    committed version at HEAD is the baseline commit's. committed: those bytes as read before
-    (committed_protected), else read from git now.
-    """
-    committed = committed if committed is not None else committed_protected(worktree, protected)
+def protected_changes(worktree: Path, committed: dict[str, bytes | None]) -> list[str]:
+    """Protected files whose sha256 differs from their committed bytes (committed_protected),
+    restored. Kept commits can never change a protected file (the scope check refuses it), so the
+    committed version at HEAD is the baseline commit's."""
     changed = []
-    for path in protected:
-        want = committed[path]
+    for path, want in committed.items():
         target = Path(worktree) / path
         try:
             have = None if target.is_symlink() else target.read_bytes()
@@ -227,7 +221,7 @@ def protected_changes(worktree: Path, protected: tuple[str, ...], fix: bool,
         if _sha(have) == _sha(want):
             continue
         changed.append(path)
-        if fix and want is not None:
+        if want is not None:
             if target.is_symlink() or target.is_dir():
                 target.unlink() if target.is_symlink() else shutil.rmtree(target)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -240,7 +234,7 @@ def before_training(run_dir: Path, worktree: Path, protected: tuple[str, ...],
     """Protected files as committed, no stale result file, no bytecode the job did not compile.
     Returns the committed bytes, for after_training: read from git once, before the job starts."""
     committed = committed_protected(worktree, protected)
-    restored = protected_changes(worktree, protected, fix=True, committed=committed)
+    restored = protected_changes(worktree, committed)
     if restored:
         events.record(run_dir, "protected_restored", f"protected file(s) {', '.join(restored)} differed from "
                       f"the committed version before training; restored")
@@ -252,12 +246,12 @@ def before_training(run_dir: Path, worktree: Path, protected: tuple[str, ...],
     return committed
 
 
-def after_training(run_dir: Path, worktree: Path, protected: tuple[str, ...], result: TrainResult,
-                   committed: dict[str, bytes | None] | None = None) -> TrainResult:
+def after_training(run_dir: Path, worktree: Path, result: TrainResult,
+                   committed: dict[str, bytes | None]) -> TrainResult:
     """A job that rewrote a protected file is invalid, whatever it reported; the file is restored.
     committed: what before_training read (the bytes as committed before the job ran, so nothing
-    the job did to the checkout's git state moves them), else read from git now."""
-    changed = protected_changes(worktree, protected, fix=True, committed=committed)
+    the job did to the checkout's git state moves them)."""
+    changed = protected_changes(worktree, committed)
     if not changed:
         return result
     events.record(run_dir, "protected_restored", f"the training job changed {', '.join(changed)}; restored")
