@@ -157,19 +157,19 @@ class Scorer:
         return [*self.due(now=True), (self.state.best_commit, "end", max(0, kept))]
 
     def unscored(self, wanted: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
-        base = self.state.baseline_commit
-        return [w for w in [(base, "baseline", 0), *wanted]
-                if w[0] and scored(read_or_restart(self.cfg.run_dir), w[0]) is None]
+        """The baseline, then each (commit, point, keeps) of wanted, that has no test figure yet, once each."""
+        have = read_or_restart(self.cfg.run_dir)
+        todo: list[tuple[str, str, int]] = []
+        for commit, point, keeps in [(self.state.baseline_commit, "baseline", 0), *wanted]:
+            if commit and scored(have, commit) is None and not any(_same(commit, c) for c, _, _ in todo):
+                todo.append((commit, point, keeps))
+        return todo
 
     def score_points(self, wanted: list[tuple[str, str, int]], rows: list[dict[str, Any]], final: bool = False) -> None:
         """The baseline, then each (commit, point, keeps) of wanted, unless already scored; final: the
         run's end (its last job foresees no successor: executors.Job.successor)."""
         base = self.state.baseline_commit
-        have = read_or_restart(self.cfg.run_dir)
-        todo: list[tuple[str, str, int]] = []
-        for commit, point, keeps in [(base, "baseline", 0), *wanted]:
-            if commit and scored(have, commit) is None and not any(_same(commit, c) for c, _, _ in todo):
-                todo.append((commit, point, keeps))
+        todo = self.unscored(wanted)
         for k, (commit, point, keeps) in enumerate(todo):
             if self.cancel.is_set():
                 return
