@@ -240,12 +240,11 @@ class Lanes:
         proposal is under way. A hint for the slot's warm start (executors.Job.successor): a job it
         did not foresee (a confirmation, a rebased candidate, a health re-run) starts cold, as the
         end's test-split jobs do anyway (their start differs: docs/pipeline.md)."""
-        cfg, policy = self.cfg, self.policy
         if any(lane.proposing is not None or lane.queued is not None for lane in self.lanes):
             return True
-        return not (self.stopped or self.cancel.is_set()
-                    or (self.steps is not None and policy.proposed - self.started_with >= self.steps)
-                    or (cfg.iterations is not None and policy.proposed >= cfg.iterations))
+        iterations = self.cfg.iterations
+        return not (self.stopped or self.cancel.is_set() or self.step_done()
+                    or (iterations is not None and self.policy.proposed >= iterations))
 
     def journal(self, lane: Lane, ctx: Context, cand: Candidate) -> None:
         write_journal(ctx.cfg, cand.journal_entry(lane=lane.index), ctx.journal)

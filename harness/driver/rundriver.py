@@ -242,11 +242,15 @@ class RunDriver(Lanes, Judge, Stop):
 
     # --- numbers and rows: the loop's only ---------------------------------------------------
 
+    def step_done(self) -> bool:
+        """`harness step`: this session has made the proposals it may."""
+        return self.steps is not None and self.policy.proposed - self.started_with >= self.steps
+
     def next_number(self) -> int | None:
         """The next iteration number for a new proposal, or None when the run must not start one."""
         if self.stopped or self.cancel.is_set():
             return None
-        if self.steps is not None and self.policy.proposed - self.started_with >= self.steps:
+        if self.step_done():
             self.stopped = "step done"
             return None
         reason = self.policy.reason(in_flight=len(self.open))
