@@ -1,7 +1,7 @@
-"""The budget measured by the harness (executors/budget.py): calibration and the two messages."""
+"""The budget measured by the harness (integrity/budget.py): calibration and the two messages."""
 from __future__ import annotations
 
-from harness.executors import budget
+from harness.integrity import budget
 
 
 def test_calibration_takes_the_slowest_baseline_start_up(tmp_path):

@@ -15,6 +15,7 @@ import pytest
 
 from harness.config.load import resolve
 from harness.executors import evaluation, limits, scoring
+from harness.integrity import guard
 from harness.workload.runner import TrainResult, run_training
 
 from conftest import git, make_repo, own_cgroups
@@ -166,7 +167,7 @@ def test_the_baselines_evaluation_is_not_bound_by_the_trainings_kill_after(tmp_p
     cfg = resolve(repo, "t", {"protected": ["prepare.py", "evaluate.py"]})
     result = evaluation.train(cfg, repo, tmp_path / "logs" / "job.log", seed=1)
     assert result.status == "ok" and result.value("val_bpb") == 0.9, result
-    assert scoring.read_eval_times(tmp_path / "logs", evaluation.baseline_commit(cfg, repo, "", {}))  # calibrated
+    assert scoring.read_eval_times(tmp_path / "logs", guard.baseline_commit(cfg.protected, repo, "", {}))  # calibrated
 
 
 def test_eval_kill_after_bounds_the_evaluation(tmp_path):

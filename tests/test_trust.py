@@ -14,7 +14,8 @@ from harness.ledger import events, guard as ledgerguard, trust
 from harness import ledger
 from harness.config.load import resolve
 from harness.errors import RepoError
-from harness.executors import budget, train_once
+from harness.executors import train_once
+from harness.integrity import budget
 from harness.gitgate import GitGate
 
 from conftest import ScriptedResearcher, git, set_globals

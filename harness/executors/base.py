@@ -48,8 +48,8 @@ class Job:
     baseline: str = ""  # the commit whose protected files evaluate the job ("" = a throwaway run's: its own)
     protected_sha256: dict[str, str] = field(default_factory=dict)  # those files' sha256, recorded at the start
     allowance_s: float | None = None  # s, the start-up allowance it is judged by; None = not judged (a baseline run)
-    baseline_cpu_s: float | None = None  # the baseline's CPU rate, for a job on a busy machine (budget.py); None = unmeasured
-    baseline_gpu_s: float | None = None  # the baseline's GPU time, for a job on a shared GPU (budget.py); None = unmeasured
+    baseline_cpu_s: float | None = None  # the baseline's CPU rate, for a job on a busy machine (integrity/budget.py); None = unmeasured
+    baseline_gpu_s: float | None = None  # the baseline's GPU time, for a job on a shared GPU (integrity/budget.py); None = unmeasured
     successor: bool = True  # the run may start another job after this one: its slot readies an interpreter for it
     # (warm.py); False = the run foresees none (its last candidate's, its last test-split job's)
 

@@ -1,4 +1,4 @@
-"""How busy the machine was while a job ran, for the budget's loaded-machine rule (budget.py):
+"""How busy the machine was while a job ran, for the budget's loaded-machine rule (integrity/budget.py):
 `Stalls`, the longest a thread of the job waited on a run queue; `idle_ticks` / `idle_cpus`, the
 CPUs the machine left idle. Read by the runner's poll loop (workload/runner.py)."""
 from __future__ import annotations

@@ -11,7 +11,7 @@ local executor runs after it has handed the slot to the next job: docs/pipeline.
    cache are hidden from it;
 3. the job runs in the sandbox with a private /tmp and an output folder (HARNESS_OUTPUT_DIR),
    its start (environment, view, bounds) built by launch.py, started cold or handed to the
-   interpreter its slot readied for it (warm.py), timed by the harness (budget.py);
+   interpreter its slot readied for it (warm.py), timed by the harness and judged (integrity/budget.py);
 4. protected files checked again, the budget judged, the scorers' copies of the baseline's
    files written from git;
 5. with `evaluate_command`: the baseline's protected files are written from git into a folder
@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ..lifecycle import disk
-from ..ledger import events, trust
-from ..integrity import guard, seal
+from ..ledger import events
+from ..integrity import budget, guard, seal
 from ..config import RunConfig
 from ..gitgate import Worktree
 from ..workload.runner import RESULT_TAIL_BYTES, TrainResult, run_training, tail
-from . import budget, sandbox, scoring, view
+from . import sandbox, scoring, view
 from .launch import choose, launch, state_dir, unshowable
 
 if TYPE_CHECKING:
@@ -82,23 +82,6 @@ def make_space(root: Path) -> Space:
                    space.test_out, space.tester):
         folder.mkdir(parents=True)
     return space
-
-
-def baseline_commit(cfg: RunConfig, worktree: Path, baseline: str,
-                    protected_sha256: dict[str, str]) -> str | TrainResult:
-    """The commit whose protected files evaluate this job: the run's baseline as the supervisor
-    holds it (never a file the job or the researcher could write), checked (trust.py) to be an
-    ancestor of the job's commit with the protected files recorded at the start; a mismatch is
-    an `invalid` result. A throwaway run (`harness check`, baseline "") is its own baseline."""
-    with Worktree(worktree) as wt:
-        head = wt.head()
-        if not baseline:
-            return head
-        problem = trust.baseline_problem(wt.repo, baseline, head, protected_sha256, cfg.protected)
-    if problem:
-        return TrainResult("invalid", reason=f"{problem}: refused by the trusted baseline check, the evaluator "
-                                             f"runs only from the run's own baseline")
-    return baseline
 
 
 # ---------------------------------------------------------------------------
@@ -157,7 +140,7 @@ def train_job(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
     started with this job's sandbox, bounds and environment, else discarded for a cold start;
     on_start: called once the job's process runs (the local executor starts the next warm one)."""
     worktree = Path(worktree)
-    base = baseline_commit(cfg, worktree, baseline, protected_sha256 or {})
+    base = guard.baseline_commit(cfg.protected, worktree, baseline, protected_sha256 or {})
     if isinstance(base, TrainResult):
         return base
     result_file = log_path.with_suffix(".result.json")
@@ -204,7 +187,7 @@ def train_job(cfg: RunConfig, worktree: Path, log_path: Path, seed: int,
     elif result.status != "invalid":  # a bound the job ran into (limits.py) stays its verdict
         result = seal.judge(result, result_file, ch.key, cfg.metric, cfg.time_budget)
     result = guard.after_training(cfg.run_dir, worktree, result, committed)
-    judged = within_budget(cfg, result, allowance_s, baseline_cpu_s, on_gpu, baseline_gpu_s)
+    judged = budget.within(cfg, result, allowance_s, baseline_cpu_s, on_gpu, baseline_gpu_s)
     if judged.reason != result.reason:  # the whole verdict, figures included, where the row's cut one points
         with open(log_path, "a", encoding="utf-8") as log:
             log.write(f"\nharness: {judged.reason}\n")
@@ -288,22 +271,6 @@ def job_outcome(result: TrainResult, log_path: Path) -> TrainResult:
     if re.search(r"^FAIL\b", text, re.M):
         return replace(result, status="crash", reason="the job printed FAIL")
     return replace(result, status="ok", reason="")
-
-
-def within_budget(cfg: RunConfig, result: TrainResult, allowance_s: float | None, baseline_cpu_s: float | None = None,
-                  gpu: bool = False, baseline_gpu_s: float | None = None) -> TrainResult:
-    """Judged by the start-up allowance and CPU rate the supervisor measured on the baseline
-    (budget.py). A baseline run (allowance None) is not judged: the supervisor calibrates on its
-    result. A job let off for a busy machine keeps its reason, and the run's events say so."""
-    if result.status != "ok" or allowance_s is None:
-        return result
-    reported = budget.reported_seconds(result.metrics)
-    verdict = budget.judge(result.train_s, cfg.time_budget, allowance_s, reported, budget.Usage.of(result, gpu),
-                           baseline_cpu_s, baseline_gpu_s)
-    if verdict.ok and verdict.reason:
-        events.record(cfg.run_dir, "loaded_machine", verdict.reason)
-        return replace(result, reason=verdict.reason)
-    return result if verdict.ok else replace(result, status="invalid", reason=verdict.reason)
 
 
 # ---------------------------------------------------------------------------

@@ -6,7 +6,7 @@ CUDA_VISIBLE_DEVICES, by index or UUID; unset: every device): how busy each devi
 processes ran its kernels (`nvmlDeviceGetProcessUtilization`, SM use per pid). The busy time is
 split between the job's own processes (its cgroup, which holds its whole tree) and everyone
 else's by their SM use: `gpu_s` is the job's GPU time, `others_s` what other work held the same
-devices meanwhile. budget.py judges a GPU job past its wall limit by them, as it judges a CPU
+devices meanwhile. integrity/budget.py judges a GPU job past its wall limit by them, as it judges a CPU
 job by its CPU time: slowed by another's kernels, not by its own extra work.
 
 Where NVML cannot say (no driver, no pynvml, a device that does not report per-process use)

@@ -45,7 +45,7 @@ class Launch:
     env: dict[str, str]  # the job's environment, before the seal channel's variables
     wrap: Callable[[list[str]], list[str]] | None  # the sandbox (None: unsandboxed)
     bounds: limits.Limits
-    on_gpu: bool  # the job may use a GPU (its time is NVML's, not the CPU's: budget.py)
+    on_gpu: bool  # the job may use a GPU (its time is NVML's, not the CPU's: integrity/budget.py)
     legacy_seal: bool  # the job's figures are sealed by a key only this job gets (no evaluate_command)
     testing: bool  # a test job: test_command scores it too
 
@@ -143,7 +143,7 @@ def shown_data(cfg: RunConfig) -> list[Path]:
 
 def has_gpu(visible: str | None) -> bool:
     """Could the job use a GPU: an NVIDIA device node here and CUDA_VISIBLE_DEVICES (the slot's,
-    else inherited) not empty. Such a job's work is not CPU time (budget.py)."""
+    else inherited) not empty. Such a job's work is not CPU time (integrity/budget.py)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
     if visible is not None and visible.strip() in ("", "-1"):
         return False

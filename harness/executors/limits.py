@@ -182,7 +182,7 @@ class Cgroup:
     @classmethod
     def make(cls, limits: Limits) -> "Cgroup | None":
         """The cgroup for limits' memory and pids bounds and for the job's CPU accounting (the
-        budget's judge reads it: executors/budget.py), or None where none can be made here."""
+        budget's judge reads it: integrity/budget.py), or None where none can be made here."""
         name, own = f"harness-{os.getpid()}-{uuid.uuid4().hex[:12]}", _own_paths()
         if not _swept.is_set():  # once per process: what a killed predecessor left
             _swept.set()

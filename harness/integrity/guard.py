@@ -19,7 +19,7 @@ import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..ledger import events
+from ..ledger import events, trust
 from ..gitgate import Worktree, run_git
 from ..workload.runner import TrainResult
 
@@ -296,3 +296,20 @@ def policy_problem(wt: Worktree, parent: str, editable: tuple[str, ...], metric:
         for module in modules:
             found += [f for f in policy.problems(path, old, new, metric, module, sealed) if f not in found]
     return policy.explain(found) if found else None
+
+
+def baseline_commit(protected: tuple[str, ...], worktree: Path, baseline: str,
+                    protected_sha256: dict[str, str]) -> str | TrainResult:
+    """The commit whose protected files evaluate a job: the run's baseline as the supervisor holds
+    it (never a file the job or the researcher could write), checked (ledger/trust.py) to be an
+    ancestor of the job's commit with the protected files recorded at the start; a mismatch is an
+    `invalid` result. A throwaway run (`harness check`, baseline "") is its own baseline."""
+    with Worktree(worktree) as wt:
+        head = wt.head()
+        if not baseline:
+            return head
+        problem = trust.baseline_problem(wt.repo, baseline, head, protected_sha256, protected)
+    if problem:
+        return TrainResult("invalid", reason=f"{problem}: refused by the trusted baseline check, the evaluator "
+                                             f"runs only from the run's own baseline")
+    return baseline

@@ -38,9 +38,9 @@ class Baseline:
     """The run's trusted baseline, held by the supervisor; jobs get it in their Job."""
     commit: str
     protected_sha256: dict[str, str]  # every file under the protected paths at commit
-    default_allowance_s: float  # s, for a job judged before a baseline run measured one (budget.py)
+    default_allowance_s: float  # s, for a job judged before a baseline run measured one (integrity/budget.py)
     allowance_s: float | None = None  # s, the start-up allowance once a baseline run measured it
-    baseline_cpu_s: float | None = None  # CPU s per wall s of the baseline's runs (budget.py), once measured
+    baseline_cpu_s: float | None = None  # CPU s per wall s of the baseline's runs (integrity/budget.py), once measured
     baseline_gpu_s: float | None = None  # GPU s of the baseline's runs (NVML; budget.py), once measured
     files: dict[Path, bytes] = field(default_factory=dict, repr=False)  # run.json, startup.json as written
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # lanes check at once: one restores

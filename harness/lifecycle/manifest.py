@@ -19,7 +19,8 @@ from ..agents import Researcher
 from ..config import RunConfig
 from ..errors import RepoError
 from ..agents import sandboxed
-from ..executors import budget, sandbox, uvenv
+from ..executors import sandbox, uvenv
+from ..integrity import budget
 from ..gitgate import Worktree
 from ..driver.step import now_iso
 

@@ -23,7 +23,7 @@ from ..agents import Researcher, make_researcher, routing_mismatch
 from ..config import RunConfig
 from ..config.resume import compare_resume, refusal_message
 from ..errors import RepoError
-from ..executors import budget
+from ..integrity import budget
 from ..gitgate import GitCommandError, GitGate, Worktree, data_files
 from ..ledger import Row
 from ..workload.runner import TrainResult, tail

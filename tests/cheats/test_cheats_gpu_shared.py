@@ -18,7 +18,8 @@ from harness.driver import loop as driver
 from harness import ledger
 from harness.agents import Proposal
 from harness.config.load import resolve
-from harness.executors import budget, gputime, launch
+from harness.executors import gputime, launch
+from harness.integrity import budget
 
 from conftest import ScriptedResearcher, make_repo, set_globals
 from fakes.nvml import FakeNvml

@@ -17,7 +17,8 @@ from harness.driver import loop as driver
 from harness import ledger
 from harness.agents import Proposal
 from harness.config.load import resolve
-from harness.executors import budget, limits
+from harness.executors import limits
+from harness.integrity import budget
 
 from conftest import ScriptedResearcher, make_repo, set_globals
 

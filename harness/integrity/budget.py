@@ -29,11 +29,16 @@ from __future__ import annotations
 import json
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..ledger import guard as ledgerguard
+from ..ledger import events, guard as ledgerguard
 from ..errors import RepoError
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
+    from ..workload.runner import TrainResult
 
 FILE = "startup.json"  # in the run folder: the calibration, never visible to a job, checked on every read
 SLACK_FRACTION = 0.05  # of the budget: the step that was running when the budget ran out
@@ -234,3 +239,18 @@ def shared_gpu(wall_s: float, limit_s: float, usage: Usage, baseline_gpu_s: floa
                          f"baseline used {baseline_gpu_s:.1f}); not held against it. It trained fewer steps than on a "
                          f"GPU of its own: raise --time-budget or --kill-after, or give the run a GPU to itself",
                    limit_s)
+
+
+def within(cfg: RunConfig, result: TrainResult, allowance_s: float | None, baseline_cpu_s: float | None = None,
+           gpu: bool = False, baseline_gpu_s: float | None = None) -> TrainResult:
+    """A trained job judged by the start-up allowance and CPU rate the supervisor measured on the
+    baseline. A baseline run (allowance None) is not judged: the supervisor calibrates on its
+    result. A job let off for a busy machine keeps its reason, and the run's events say so."""
+    if result.status != "ok" or allowance_s is None:
+        return result
+    verdict = judge(result.train_s, cfg.time_budget, allowance_s, reported_seconds(result.metrics),
+                    Usage.of(result, gpu), baseline_cpu_s, baseline_gpu_s)
+    if verdict.ok and verdict.reason:
+        events.record(cfg.run_dir, "loaded_machine", verdict.reason)
+        return replace(result, reason=verdict.reason)
+    return result if verdict.ok else replace(result, status="invalid", reason=verdict.reason)
