@@ -1,4 +1,4 @@
-"""The harness's git (gitgate.py, gitrun.py): the user's signing and hooks never run on the harness's
+"""The harness's git (the gitgate package): the user's signing and hooks never run on the harness's
 own commits, the rest of the user's settings hold; a git that hangs is killed with a message that
 says what to do; and no other module of the harness runs git itself."""
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import gitgate, gitrun, ledger
+from harness import gitgate, ledger
+from harness.gitgate import plain
 
 from conftest import ROOT, alive, git, make_repo
 
@@ -110,11 +111,11 @@ def test_a_git_that_hangs_is_killed_and_the_run_stops_with_what_to_do(tmp_path):
     repo = make_repo(tmp_path / "r")
     pid_file = tmp_path / "hung.pid"
     bin_dir = hanging_git(tmp_path / "bin", "commit", pid_file)
-    done = night(repo, "g", env={"PATH": f"{bin_dir}:{os.environ['PATH']}", gitrun.TIMEOUT_ENV: "5"})
+    done = night(repo, "g", env={"PATH": f"{bin_dir}:{os.environ['PATH']}", plain.TIMEOUT_ENV: "5"})
     out = " ".join((done.stdout + done.stderr).split())
     assert done.returncode != 0, out
     assert "commit" in out and "did not finish in 5s and was killed" in out, out
-    assert gitrun.TIMEOUT_ENV in out and "--resume" in out, out
+    assert plain.TIMEOUT_ENV in out and "--resume" in out, out
     assert pid_file.exists() and not alive(int(pid_file.read_text())), "the hung git was left running"
     assert [r["status"] for r in all_rows(repo, "g")] == ["keep"]  # the baseline; the hung candidate has no row
 
@@ -124,7 +125,7 @@ def test_run_git_and_gitpython_calls_share_the_deadline(tmp_path, monkeypatch):
     pid_file = tmp_path / "hung.pid"
     bin_dir = hanging_git(tmp_path / "bin", "status", pid_file)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setenv(gitrun.TIMEOUT_ENV, "1")
+    monkeypatch.setenv(plain.TIMEOUT_ENV, "1")
     with pytest.raises(gitgate.GitTimeout, match=r"`git status` in .* did not finish in 1s"):
         gitgate.run_git(["status"], repo)
     assert not alive(int(pid_file.read_text()))
@@ -158,7 +159,7 @@ def test_an_interrupt_inside_a_git_call_kills_git_and_leaves_nothing_to_wait_for
     repo = make_repo(tmp_path / "r")
     pid_file = tmp_path / "hung.pid"
     bin_dir = hanging_git(tmp_path / "bin", "status", pid_file)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT), gitrun.TIMEOUT_ENV: "300"}
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT), plain.TIMEOUT_ENV: "300"}
     script = tmp_path / "interrupted.py"
     script.write_text(INTERRUPTED)
     done = subprocess.run([sys.executable, str(script), str(repo)], env=env, capture_output=True, text=True,
@@ -172,7 +173,7 @@ def test_an_interrupt_inside_a_git_call_kills_git_and_leaves_nothing_to_wait_for
 # Only gitgate runs git
 
 HARNESS = ROOT / "harness"
-GIT_MODULES = {HARNESS / "gitgate.py", HARNESS / "gitrun.py"}  # gitrun: gitgate's plain half, no GitPython
+GIT_MODULES = set((HARNESS / "gitgate").rglob("*.py"))  # the package: its verbs on a Repo and plain.py, the raw call
 SHELL_CALLS = {"run", "Popen", "call", "check_call", "check_output", "system", "popen", "getoutput",
                "getstatusoutput", "spawn", "execvp", "execv", "execlp"}
 
@@ -224,7 +225,7 @@ def test_no_module_but_gitgate_runs_git():
     offenders = {str(p.relative_to(ROOT)): found for p in modules if p not in GIT_MODULES
                  for found in [git_calls(p.read_text())] if found}
     assert offenders == {}, offenders
-    assert git_calls((HARNESS / "gitgate.py").read_text())  # the scan sees gitgate's own git
+    assert git_calls((HARNESS / "gitgate" / "__init__.py").read_text())  # the scan sees gitgate's own git
 
 
 def test_a_candidate_costs_few_git_commands_and_reads_nothing_twice(tmp_path):

@@ -80,7 +80,7 @@ def test_bad_flags_are_named_as_flags(tmp_path):
 
 def test_the_users_signing_and_hooks_do_not_run_on_the_harness_commits(tmp_path):
     """commit.gpgsign with a gpg that fails, and a pre-commit hook that refuses every commit: the
-    user's own commits need them, the harness's never run them (gitrun.settings)."""
+    user's own commits need them, the harness's never run them (gitgate/plain.settings)."""
     repo = make_repo(tmp_path / "r")
     hook = repo / ".git" / "hooks" / "pre-commit"
     hook.write_text("#!/bin/sh\necho 'pre-commit: refused' >&2\nexit 1\n")

@@ -12,11 +12,11 @@ import walk  # noqa: E402
 
 # The parts a candidate passes: the driver, its researcher (agents), the executor, the checks
 # (integrity), the ledger, the run's lifecycle (stops, supervision), the workload's contract, the
-# tracker's job variables, the settings, and git (gitgate with its plain half, gitrun).
+# tracker's job variables, the settings, and git (the gitgate package).
 PARTS = {"driver", "agents", "executors", "integrity", "ledger", "lifecycle", "workload", "track",
-         "config", "gitgate", "gitrun"}
+         "config", "gitgate"}
 ABOVE = {"driver", "agents"}  # what decides and what proposes: nothing below them calls them
-GIT = {"gitgate", "gitrun", "errors"}
+GIT = {"gitgate", "gitgate/plain", "errors"}
 
 
 def test_a_candidate_enters_the_driver_once_and_nothing_below_calls_back_up(tmp_path: Path):

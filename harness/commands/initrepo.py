@@ -202,5 +202,5 @@ def init_example(dest: Path) -> Path:
     (dest / ".gitignore").write_text("__pycache__/\nresults.tsv\nruns/\n")
     ident = ["-c", "user.name=autoresearch-harness", "-c", "user.email=harness@localhost"]
     for args in (["init", "-q", "-b", "main"], ["add", "-A"], [*ident, "commit", "-q", "-m", "bundled workload"]):
-        run_git(args, dest)  # no signing, no hooks (gitrun.settings)
+        run_git(args, dest)  # no signing, no hooks (gitgate/plain.settings)
     return dest

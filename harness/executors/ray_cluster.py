@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ClusterError, ConfigError
-from ..gitrun import run_git
+from ..gitgate import run_git
 
 CONNECT_TIMEOUT_S = 10.0  # s to reach the cluster's address before ray.init is tried
 GIT_TIMEOUT_S = 60

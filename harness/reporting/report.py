@@ -21,7 +21,7 @@ from .. import ledger
 from ..agents import spend
 from . import figures
 from ..errors import HarnessError
-from ..gitrun import run_git
+from ..gitgate import run_git
 from .report_diff import changed_names
 from ..workload import testsplit
 from . import repeats, report_verdict

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 from ..integrity import pysource
-from ..gitrun import run_git
+from ..gitgate import run_git
 
 HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@(.*)$")
 CONST_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")

@@ -1,8 +1,8 @@
 """The one raw git call: `run_git`, with a timeout and the harness's settings over the user's.
 
-gitgate.py is the only module that runs git; this is its plain half, without GitPython, for
-the modules that need one call and should not import GitPython for it (the Ray worker on a
-remote node, the report). gitgate re-exports `run_git` and applies `harness_env` to its Repos.
+The gitgate package is the only code that runs git; this is its plain half, without GitPython's
+Repo (`gitgate/__init__.py` holds the verbs on a Repo). The package re-exports `run_git`, and
+applies `harness_env` to its Repos.
 
 Every git the harness starts:
 - runs with `commit.gpgsign=false`, `tag.gpgsign=false` and `core.hooksPath=<an empty folder of
@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 from typing import Any, Sequence
 
-from .errors import HarnessError
+from ..errors import HarnessError
 
 GIT_TIMEOUT_S = 300.0  # a git command of the harness's that runs longer is hung (a prompt, a lock, a dead mount)
 TIMEOUT_ENV = "HARNESS_GIT_TIMEOUT_S"

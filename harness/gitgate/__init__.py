@@ -1,4 +1,6 @@
-"""All git work goes through GitGate: a handful of verbs with explicit results.
+"""All git work goes through this package, the only code of the harness that runs git: GitGate
+and Worktree, a handful of verbs on a Repo with explicit results, here; the one raw call,
+`run_git`, with the deadline and the settings every git of the harness runs under, in `plain.py`.
 
 The harness owns the run's worktree and branch; the user's checkout is never modified.
 Only commits the harness made are ever reset.
@@ -15,8 +17,8 @@ from pathlib import Path
 import git
 from git import GitCommandError  # noqa: F401 - the error of a failed git command, for the modules that ask gitgate
 
-from .errors import RepoError
-from .gitrun import GitFailed, GitTimeout, harness_env, kill_git, run_git, settings, timeout_s  # noqa: F401 - re-exported
+from ..errors import RepoError
+from .plain import GitFailed, GitTimeout, harness_env, kill_git, run_git, settings, timeout_s  # noqa: F401 - re-exported
 
 HARNESS_NAME = "autoresearch-harness"
 HARNESS_EMAIL = "harness@localhost"
@@ -50,7 +52,7 @@ def content_hash(root: Path, paths: tuple[str, ...]) -> str:
     return h.hexdigest()
 
 
-# Settings of the user's that must not run on the harness's own commits (gitrun.settings: commit.gpgsign,
+# Settings of the user's that must not run on the harness's own commits (plain.settings: commit.gpgsign,
 # tag.gpgsign off, core.hooksPath an empty folder of the harness's), put over the user's config through
 # the environment of every Repo's git; the rest of the user's config holds. Every command has a deadline.
 
@@ -106,7 +108,7 @@ Repo = git.Repo  # the type open_repo returns, for the modules' annotations
 
 def open_repo(path: Path, **kw) -> git.Repo:
     """A GitPython Repo whose git commands run with the harness's settings over the user's
-    (gitrun.harness_env) and under a deadline (_TimedGit). The harness reads objects through git
+    (plain.harness_env) and under a deadline (_TimedGit). The harness reads objects through git
     commands (ls-tree, cat-file), never GitPython's persistent cat-file processes, which have none."""
     repo = _Repo(path, **kw)
     repo.git.update_environment(**harness_env())
