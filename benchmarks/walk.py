@@ -1,11 +1,11 @@
 """A candidate's walk: which harness modules one candidate's calls pass, from the loop's request
 for its proposal to its row on the ledger.
 
-A real night (`driver.run`, default settings but a sequential loop, one baseline run and a
-two-iteration budget) on a trainer that prints its metric at once, with a researcher that
-rewrites one number. Every call into a harness function, in every thread, is recorded
-(`sys.setprofile`, `threading.setprofile`); the window is the second candidate's, from
-`lanes.propose` to `RunDriver.append`. Printed:
+A real night (`driver.run`, default settings but a sequential loop, one baseline run and three
+iterations) on a trainer that prints its metric at once, with a researcher that rewrites one
+number (overhead.py's: the third candidate wins). Every call into a harness function, in every
+thread, is recorded (`sys.setprofile`, `threading.setprofile`); the window is the third
+candidate's, a keep (the branch moves), from `lanes.propose` to `RunDriver.append`. Printed:
 
 - modules: the files entered (`driver/lanes`, `gitgate`, ...), and the calls into each;
 - packages: the same with a family folder counted once (`driver`, `executors`, ...; a top-level
@@ -29,30 +29,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import make_repo  # noqa: E402  (puts the repo root on sys.path)
+from overhead import TRAIN, InstantResearcher, make_repo  # noqa: E402  (puts the repo root on sys.path)
 
 import harness  # noqa: E402
-from harness.agents import Proposal  # noqa: E402
 from harness.config.load import resolve  # noqa: E402
 from harness.driver import loop as driver  # noqa: E402
 
-TRAIN = 'VALUE = 1.0\nprint("---")\nprint(f"val_bpb: {VALUE:.6f}")\n'
 PACKAGE_ROOT = os.path.dirname(harness.__file__) + os.sep
-
-
-class Lower:
-    """A researcher that lowers VALUE by a tenth: every candidate a keep."""
-    name = "lower"
-    model = None
-
-    def describe(self):
-        return {"backend": "walk"}
-
-    def propose(self, task):
-        train = task.worktree / "train.py"
-        value = float(train.read_text().split("VALUE = ", 1)[1].split("\n", 1)[0])
-        train.write_text(TRAIN.replace("VALUE = 1.0", f"VALUE = {value - 0.1:.3f}"))
-        return Proposal("lower VALUE", agent_s=0.0)
 
 
 @dataclass
@@ -78,9 +61,9 @@ def module_of(code) -> str | None:
 
 
 def walk(folder: Path) -> Walk:
-    """Run the night in folder and return the second candidate's walk."""
+    """Run the night in folder and return the third candidate's walk."""
     repo = make_repo(folder / "repo", TRAIN)
-    cfg = resolve(repo, "walk", {"iterations": 2, "baseline_runs": 1, "pipeline": False})
+    cfg = resolve(repo, "walk", {"iterations": 3, "baseline_runs": 1, "pipeline": False})
     events: list[tuple[float, str, str, str | None]] = []  # time, callee file, function, caller file
     lock = threading.Lock()
 
@@ -100,14 +83,14 @@ def walk(folder: Path) -> Walk:
     threading.setprofile(profile)
     sys.setprofile(profile)
     try:
-        driver.run(cfg, researcher=Lower())
+        driver.run(cfg, researcher=InstantResearcher())
     finally:
         sys.setprofile(None)
         threading.setprofile(None)
     starts = [e[0] for e in events if e[1:3] == ("driver/lanes", "propose")]
-    if len(starts) < 2:
-        raise SystemExit(f"the night proposed {len(starts)} candidates, not 2: {cfg.run_dir}")
-    t0 = starts[1]
+    if len(starts) < 3:
+        raise SystemExit(f"the night proposed {len(starts)} candidates, not 3: {cfg.run_dir}")
+    t0 = starts[2]
     t1 = min(e[0] for e in events if e[0] > t0 and e[1:3] == ("driver/rundriver", "append"))
     window = [e for e in events if t0 <= e[0] <= t1]
     moves = collections.Counter((caller, callee, fn) for _, callee, fn, caller in window
