@@ -22,12 +22,13 @@ GIT = {"gitgate", "gitgate/plain", "errors"}
 def test_a_candidate_enters_the_driver_once_and_nothing_below_calls_back_up(tmp_path: Path):
     w = walk.walk(tmp_path)
     # the whole way was seen: proposed, checked, committed, trained, judged and written
-    for module in ("driver/step", "agents/sandboxed", "integrity/policy", "executors/evaluation",
-                   "workload/runner", "driver/judge", "ledger"):
+    for module in ("driver/step", "integrity/policy", "gitgate", "executors/evaluation", "workload/runner",
+                   "driver/judge", "ledger"):
         assert module in w.modules, sorted(w.modules)
     assert w.driver_entries == 0, [m for m in w.moves if m[1].startswith("driver/")
                                    and not m[0].startswith("driver/")]
-    climbs = [m for m in w.moves if m[1].split("/")[0] in ABOVE and m[0].split("/")[0] not in {"driver", m[1].split("/")[0]}]
+    climbs = [m for m in w.moves
+              if m[1].split("/")[0] in ABOVE and m[0].split("/")[0] not in {"driver", m[1].split("/")[0]}]
     assert climbs == [], climbs
     git_out = [m for m in w.moves if m[0] in GIT and m[1] not in GIT]
     assert git_out == [], git_out
