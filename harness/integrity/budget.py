@@ -16,7 +16,7 @@ more work than an honest job could on a quiet machine; and the machine had (almo
 and one of its threads waited on a run queue for at least the time it ran past the limit, so
 the wall time went to other work and not to a job that waited on purpose. Busy threads the job
 starts to slow itself count against its CPU time; they earn it nothing. A GPU job is judged the
-same way by its GPU time, which the driver accounts (NVML, gputime.py): it passes when its kernels
+same way by its GPU time, which the driver accounts (NVML, executors/gputime.py): it passes when its kernels
 ran no longer than the baseline's did (within GPU_MARGIN) and other processes' kernels held its
 devices at least as long as it ran past the limit; a job that idles or works more is still
 `invalid`. Where NVML cannot say, or no cgroup accounts a CPU job, the wall clock alone judges.
