@@ -220,7 +220,7 @@ def loaded_machine(wall_s: float, limit_s: float, usage: Usage | None, baseline_
 def shared_gpu(wall_s: float, limit_s: float, usage: Usage, baseline_gpu_s: float | None) -> Verdict:
     """A GPU job past the wall limit: ok when its kernels ran no longer than the baseline's (within
     GPU_MARGIN) and other processes' kernels held its devices at least as long as it ran past the
-    limit (NVML, gputime.py); else not ok, the figures in reason. Pure."""
+    limit (NVML, executors/gputime.py); else not ok, the figures in reason. Pure."""
     if usage.gpu_s is None or usage.gpu_others_s is None or not baseline_gpu_s:
         why = ("the driver (NVML) reported no GPU time for it" if usage.gpu_s is None else
                "the baseline's GPU time was not measured")
